@@ -1,0 +1,79 @@
+"""The `kit` command line: a click group whose subcommands are imported only when used.
+
+Each command lives in ``kit/cli/<name>.py`` as a click command (or group) called ``command``.
+The table below gives its one-line purpose, so ``kit --help`` never imports a command module,
+and never torch, ray or docker. Errors derived from KitError become one line on stderr and
+their exit code (1 check failed, 2 bad input).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from kit import __version__
+from kit.errors import KitError
+
+# name -> (module, one-line purpose). Order is the pipeline order shown by --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "verify": ("kit.cli.verify", "Check stack/arm locks, images or sealed run dirs; exit 1 on any failure."),
+    "compare": ("kit.cli.compare", "Classify every difference between two arms or runs as declared or uncontrolled."),
+    "plan": ("kit.cli.plan", "Resolve an arm into topology, train command, Ray job and the image it needs."),
+    "build": ("kit.cli.build", "Build the pinned image of a stack for cuda, rocm or cpu on a Docker engine."),
+    "probe": ("kit.cli.probe", "Report the observed software identity of wherever it runs."),
+    "doctor": ("kit.cli.doctor", "Preflight the host: engine, GPUs, shm, disk, Ray, image and inputs."),
+    "prepare": ("kit.cli.prepare", "Prepare the prompt data and hash the model checkpoint, with provenance."),
+    "run": ("kit.cli.run", "Run an arm locally, in its container or on a Ray cluster, and seal the evidence."),
+    "suite": ("kit.cli.suite", "Run the module matrix M000..M111 and attribute mismatches per module."),
+    "analyze": ("kit.cli.analyze", "Performance decomposition, statistics, convergence tables and figures."),
+    "kernels": ("kit.cli.kernels", "Conformance oracle of the strict and production operators."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(COMMANDS[name][0])
+        return module.command
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, purpose) for name, (_, purpose) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KitError as exc:
+            click.echo(f"kit: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="kit")
+def cli():
+    """rlk-kit: pinned stacks, sealed evidence, controlled comparisons.
+
+    \b
+    Pipeline:  manifests/*.json --build--> image --run--> run dir --verify--> sealed bundle --analyze--> report
+    \b
+    Examples:
+      kit run --arm smoke                         # the embedded CPU smoke arm, sealed
+      kit verify manifests/*.json                 # schema + semantic rules over every lock
+      kit compare manifests/G10.json manifests/G11.json
+      kit plan --arm consistency --tp-size 2 --cp-size 4 --json
+    """
+
+
+def main() -> None:
+    cli(prog_name="kit")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Reading, validating, hashing and writing the kit's JSON documents.
+
+Every document carries ``"schema": "rlk-kit/<name>/v<N>"`` and validates against
+``kit/schemas/<name>.v<N>.json`` (JSON Schema 2020-12). Schemas change by new version,
+never in place. Example::
+
+    doc = read_json_file(Path("manifests/G10.json"))
+    problems = schema_problems(doc)          # [] when valid
+    digest = sha256_of_document(doc)         # identity of a stack
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+from kit.errors import BadInput
+
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+SCHEMA_ID_RE = re.compile(r"^rlk-kit/([a-z][a-z0-9-]*)/v([1-9][0-9]*)$")
+
+
+def schema_id(name: str, version: int = 1) -> str:
+    """``schema_id("stack") == "rlk-kit/stack/v1"``."""
+    return f"rlk-kit/{name}/v{version}"
+
+
+# --- reading -----------------------------------------------------------------
+
+def read_json_file(path: Path | str) -> Any:
+    """Read one JSON file, turning every way it can be unreadable into a BadInput naming the file."""
+    path = Path(path)
+    try:
+        # stat() follows links; a loop or a dangling link raises here with a clear errno.
+        info = path.stat()
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such file") from None
+    except RuntimeError:  # pathlib reports symlink loops this way on some versions
+        raise BadInput(f"{path}: symbolic link loop") from None
+    except OSError as exc:
+        if exc.errno == 40:  # ELOOP
+            raise BadInput(f"{path}: symbolic link loop") from None
+        raise BadInput(f"{path}: cannot read ({exc.strerror})") from None
+    if path.is_dir():
+        raise BadInput(f"{path}: is a directory, expected a JSON file")
+    if info.st_size > MAX_DOCUMENT_BYTES:
+        raise BadInput(f"{path}: {info.st_size} bytes is over the 16 MiB limit for a document")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read ({exc.strerror})") from None
+    return parse_json_bytes(raw, str(path))
+
+
+def parse_json_bytes(raw: bytes, source: str) -> Any:
+    """Parse UTF-8 JSON; reject NaN/Infinity, which JSON does not have."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{source}: not UTF-8 (byte {exc.start}); documents must be UTF-8 JSON") from None
+
+    def _no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{source}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except ValueError as exc:
+        raise BadInput(f"{source}: malformed JSON: {exc}") from None
+
+
+# --- schemas -----------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def load_schema(schema: str) -> dict:
+    """The shipped JSON Schema for a document id such as ``rlk-kit/stack/v1``."""
+    match = SCHEMA_ID_RE.match(schema)
+    if not match:
+        raise BadInput(f"unknown schema id {schema!r}; expected 'rlk-kit/<name>/v<N>'")
+    filename = f"{match.group(1)}.v{match.group(2)}.json"
+    ref = resources.files("kit.schemas").joinpath(filename)
+    if not ref.is_file():
+        raise BadInput(f"unknown schema {schema!r}; shipped schemas: {', '.join(shipped_schemas())}")
+    return json.loads(ref.read_text(encoding="utf-8"))
+
+
+def shipped_schemas() -> list[str]:
+    names = []
+    for ref in resources.files("kit.schemas").iterdir():
+        m = re.match(r"^([a-z][a-z0-9-]*)\.v([0-9]+)\.json$", ref.name)
+        if m:
+            names.append(schema_id(m.group(1), int(m.group(2))))
+    return sorted(names)
+
+
+@lru_cache(maxsize=None)
+def _validator(schema: str):
+    import jsonschema  # lazy: keeps CLI start-up fast
+
+    doc = load_schema(schema)
+    cls = jsonschema.validators.validator_for(doc)
+    return cls(doc, format_checker=cls.FORMAT_CHECKER)
+
+
+def json_pointer(parts: Iterable[Any]) -> str:
+    """RFC 6901 pointer for a path of keys and indices; ``""`` is the whole document."""
+    out = ""
+    for part in parts:
+        out += "/" + str(part).replace("~", "~0").replace("/", "~1")
+    return out
+
+
+def schema_problems(doc: Any, expected: str | None = None) -> list[tuple[str, str]]:
+    """Every schema violation as (JSON pointer, message); [] when the document is valid.
+
+    ``expected`` is a schema name ("stack") or id ("rlk-kit/stack/v1") the document must carry.
+    """
+    if not isinstance(doc, dict):
+        return [("", f"expected a JSON object, found {type(doc).__name__}")]
+    declared = doc.get("schema")
+    if not isinstance(declared, str):
+        return [("/schema", "missing 'schema' id (for example \"rlk-kit/stack/v1\")")]
+    if expected is not None:
+        wanted = expected if expected.startswith("rlk-kit/") else None
+        name_ok = declared == wanted if wanted else (SCHEMA_ID_RE.match(declared) or [None, None])[1] == expected
+        if not name_ok:
+            return [("/schema", f"is {declared!r}, expected a {expected!r} document")]
+    try:
+        validator = _validator(declared)
+    except BadInput as exc:
+        return [("/schema", str(exc))]
+    problems = []
+    for err in sorted(validator.iter_errors(doc), key=lambda e: (list(map(str, e.absolute_path)), e.message)):
+        problems.append((json_pointer(err.absolute_path), _short_message(err)))
+    return problems
+
+
+def _short_message(err) -> str:
+    if err.validator == "additionalProperties":
+        return f"unknown field(s): {err.message.split('(')[-1].rstrip(')')}" if "(" in err.message else err.message
+    if err.validator == "pattern":
+        hint = err.schema.get("description") if isinstance(err.schema, dict) else None
+        base = f"{err.instance!r} does not match the required form"
+        return f"{base}: {hint}" if hint else f"{base} {err.validator_value!r}"
+    msg = err.message
+    return msg if len(msg) <= 300 else msg[:297] + "..."
+
+
+def require_valid(doc: Any, source: str, expected: str | None = None) -> dict:
+    """Return the document or raise BadInput naming the source and the first few problems."""
+    problems = schema_problems(doc, expected)
+    if problems:
+        shown = "; ".join(f"{ptr or '/'}: {msg}" for ptr, msg in problems[:5])
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise BadInput(f"{source}: {shown}{more}")
+    return doc
+
+
+# --- hashing -----------------------------------------------------------------
+
+def canonical_json(doc: Any) -> bytes:
+    """The byte form that identities are computed over: sorted keys, no whitespace, UTF-8."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def sha256_of_document(doc: Any) -> str:
+    return hashlib.sha256(canonical_json(doc)).hexdigest()
+
+
+def sha256_of_file(path: Path | str, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(chunk)
+            if not block:
+                break
+            h.update(block)
+    return h.hexdigest()
+
+
+# --- writing -----------------------------------------------------------------
+
+def dumps_pretty(doc: Any) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def write_new_document(path: Path | str, doc: dict, *, expected: str | None = None) -> Path:
+    """Validate, then write atomically and exclusively: an existing file is never overwritten.
+
+    The bytes go to a temporary file first and are linked into place, so a reader never sees
+    half a document and a second writer fails instead of replacing evidence.
+    """
+    path = Path(path)
+    require_valid(doc, str(path), expected)
+    data = dumps_pretty(doc).encode("utf-8")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise BadInput(f"{path}: already exists; evidence is never overwritten") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
