@@ -1,0 +1,148 @@
+"""Arm: one experiment configuration — stack, operator cases, reuse, backend, graphs, topology, workload.
+
+Arms name their stack by name and sha256, so two arms share software iff they name the same hash.
+The module matrix M000..M111 is generated from one definition (an ``arm-matrix`` document).
+Example::
+
+    arm = catalog.arm("consistency")
+    arm.all_strict        # True: every module R/R
+    arm.stack.sha256 == arm.document["stack"]["sha256"]
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from kit.stack import Stack
+from kit.topology import Topology, accepted_capture_ceilings, evidence_level, topology_problems
+
+MODULES = ("attention", "ffn", "logp")
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    document: dict
+    stack: Stack
+    source_file: str = ""
+
+    @property
+    def engine(self) -> str:
+        return self.document["engine"]
+
+    @property
+    def operators(self) -> dict[str, str]:
+        return dict(self.document["operators"])
+
+    @property
+    def all_strict(self) -> bool:
+        return all(case == "R/R" for case in self.document["operators"].values())
+
+    @property
+    def topology(self) -> Topology:
+        return Topology.from_document(self.document["topology"])
+
+    @property
+    def workload(self) -> dict:
+        return self.document["workload"]
+
+    @property
+    def platform(self) -> str:
+        """The image platform an arm runs on by default."""
+        return "cpu" if self.engine == "smoke" else "cuda"
+
+
+def mode_operators(mode: str) -> dict[str, str]:
+    """``--mode native`` is all production, ``--mode consistency`` all strict."""
+    case = {"native": "P/P", "consistency": "R/R"}[mode]
+    return {m: case for m in MODULES}
+
+
+def with_overrides(doc: dict, *, operators: dict | None = None, topology: dict | None = None,
+                   rollouts: int | None = None, name: str | None = None) -> dict:
+    """A derived arm document; the comparison declaration is dropped because the arm is no longer the declared one."""
+    out = copy.deepcopy(doc)
+    if operators:
+        out["operators"] = dict(operators)
+    if topology:
+        out["topology"] = dict(topology)
+    if rollouts is not None:
+        out["workload"]["rollouts"] = rollouts
+    if name:
+        out["name"] = name
+    if operators or topology or name:
+        out.pop("comparison", None)
+    return out
+
+
+def arm_rule_problems(doc: dict, stack: Stack | None) -> list[tuple[str, str]]:
+    """Semantic rules over a schema-valid arm document (reference §1.5, §1.6, §2.3)."""
+    out: list[tuple[str, str]] = []
+    if stack is not None:
+        if stack.abstract:
+            out.append(("/stack/name", f"stack {stack.name!r} is abstract (a shared layer); reference a concrete stack"))
+        if doc["stack"]["sha256"] != stack.sha256:
+            out.append(("/stack/sha256", f"is {doc['stack']['sha256']}, but stack {stack.name!r} resolves to {stack.sha256}"))
+        platform = "cpu" if doc["engine"] == "smoke" else "cuda"
+        if stack.platform(platform) is None:
+            out.append(("/stack/name", f"stack {stack.name!r} has no {platform} platform, which a {doc['engine']} arm runs on"))
+    model = doc["model"]
+    if model["padded_vocab"] < model["vocab"]:
+        out.append(("/model/padded_vocab", f"{model['padded_vocab']} is smaller than the vocabulary {model['vocab']}"))
+    if model["padded_vocab"] % model["canonical_tp"]:
+        out.append(("/model/padded_vocab", f"must be a multiple of canonical_tp {model['canonical_tp']}"))
+    if model["heads"] % model["query_groups"]:
+        out.append(("/model/query_groups", f"{model['query_groups']} must divide the {model['heads']} heads"))
+    topo = Topology.from_document(doc["topology"])
+    vllm = stack.packages.get("vllm", "none") if stack is not None else "unknown"
+    out += topology_problems(topo, model, vllm_version=f"vllm {vllm}")
+    wl = doc["workload"]
+    if wl["global_batch_size"] != wl["rollout_batch_size"] * wl["samples_per_prompt"]:
+        out.append(("/workload/global_batch_size",
+                    f"{wl['global_batch_size']} must equal rollout_batch_size × samples_per_prompt = "
+                    f"{wl['rollout_batch_size'] * wl['samples_per_prompt']} (one optimizer step per rollout)"))
+    kl = wl["kl"]
+    if kl["use_kl_loss"] != (kl["coef"] > 0):
+        out.append(("/workload/kl", f"use_kl_loss is {str(kl['use_kl_loss']).lower()} but coef is {kl['coef']}: "
+                                    "the KL loss is on if and only if its coefficient is > 0"))
+    if wl["top_k"] == 0 or wl["top_k"] > model["vocab"]:
+        out.append(("/workload/top_k", f"must be -1 or 1..{model['vocab']}"))
+    graph = doc["graph"]
+    if graph["mode"] == "NONE":
+        if graph["capture_sizes"]:
+            out.append(("/graph/capture_sizes", "must be empty when graph mode is NONE"))
+    elif not any(p[0].startswith("/topology") for p in out):
+        sizes = graph["capture_sizes"]
+        ceilings = sorted(accepted_capture_ceilings(topo, wl))
+        if sizes not in ([list(range(1, k + 1)) for k in ceilings]):
+            shown = " or ".join(f"[1..{k}]" for k in ceilings)
+            out.append(("/graph/capture_sizes", f"{sizes} is not consistent with the engines; expected {shown}"))
+    expected_level = "smoke" if doc["engine"] == "smoke" else evidence_level(topo)
+    if not any(p[0].startswith("/topology") for p in out) and doc["evidence_level"] != expected_level:
+        out.append(("/evidence_level", f"is {doc['evidence_level']!r}, the topology gives {expected_level!r} "
+                                       "(reference only for TP4/CP2 with rollout TP4/CP1)"))
+    if doc["engine"] == "smoke" and doc["evidence_level"] != "smoke":
+        out.append(("/evidence_level", "a smoke arm's evidence level is 'smoke'"))
+    return out
+
+
+def matrix_arm_documents(matrix: dict, base_docs: dict[str, dict]) -> list[dict]:
+    """Expand an arm-matrix document: for each base arm, 8 arms named prefix+M<a><f><l>."""
+    out = []
+    for base in matrix["bases"]:
+        base_doc = base_docs.get(base["arm"])
+        if base_doc is None:
+            continue
+        for bits in range(8):
+            a, f, l = (bits >> 2) & 1, (bits >> 1) & 1, bits & 1
+            name = f"{base['prefix']}M{a}{f}{l}"
+            ops = {"attention": matrix["cases"][str(a)], "ffn": matrix["cases"][str(f)], "logp": matrix["cases"][str(l)]}
+            doc = with_overrides(base_doc, operators=ops, name=name)
+            doc["description"] = f"module matrix {name}: attention {ops['attention']}, ffn {ops['ffn']}, logp {ops['logp']} on {base['arm']}"
+            doc["use_rollout_logprobs"] = False  # attribution needs recomputed logprobs
+            doc["comparison"] = {"with": f"{base['prefix']}M000", "factors": ["operators"]}
+            out.append(doc)
+    # keep pipeline order M000, M100, M010, M001, M110, M101, M011, M111 (reference §1.3)
+    order = ["M000", "M100", "M010", "M001", "M110", "M101", "M011", "M111"]
+    return sorted(out, key=lambda d: (d["name"][: -4], order.index(d["name"][-4:])))

@@ -1,0 +1,156 @@
+"""Stack: one software identity — base image per platform, Python, exact packages, sources, build settings.
+
+A stack document may ``extends`` another so that no pin is written twice; the resolved form is what
+images are built from and what identities are computed over. Example::
+
+    stack = catalog.stack("vime-g10")
+    stack.sha256            # identity: sha256 of the canonical JSON of the resolved content
+    stack.base_image("cuda")
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from kit.documents import schema_problems, sha256_of_document
+
+DIGEST_RE = re.compile(r"@sha256:([0-9a-f]{64})$")
+# Fields that name or describe a stack but are not part of the software it pins.
+NON_IDENTITY_FIELDS = ("name", "description", "extends", "abstract")
+PLATFORMS = ("cuda", "rocm", "cpu")
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    document: dict          # resolved: no "extends"
+    source_file: str = ""
+
+    @property
+    def identity(self) -> dict:
+        return stack_identity(self.document)
+
+    @property
+    def sha256(self) -> str:
+        return sha256_of_document(self.identity)
+
+    @property
+    def abstract(self) -> bool:
+        return bool(self.document.get("abstract"))
+
+    @property
+    def python(self) -> str:
+        return self.document["python"]
+
+    @property
+    def packages(self) -> dict[str, str]:
+        return dict(self.document["packages"])
+
+    @property
+    def sources(self) -> list[dict]:
+        return list(self.document["sources"])
+
+    def source(self, name: str) -> dict | None:
+        return next((s for s in self.sources if s["name"] == name), None)
+
+    def platform(self, platform: str) -> dict | None:
+        return self.document["platforms"].get(platform)
+
+    def base_image(self, platform: str) -> str | None:
+        entry = self.platform(platform)
+        return entry["base_image"] if entry else None
+
+    def unpinned_inputs(self) -> list[str]:
+        """Inputs named by something other than a content hash (tags of unresolved bases)."""
+        out = []
+        for platform, entry in sorted(self.document["platforms"].items()):
+            if entry.get("unresolved"):
+                out.append(f"platforms.{platform}.base_image {entry['base_image']} is a tag, not a digest")
+        return out
+
+
+def stack_identity(resolved: dict) -> dict:
+    return {k: v for k, v in resolved.items() if k not in NON_IDENTITY_FIELDS}
+
+
+def merge_stack(parent: dict, child: dict) -> dict:
+    """The child's fields over the parent's: platforms and packages per key, sources per name."""
+    out = copy.deepcopy(parent)
+    for key, value in child.items():
+        if key == "extends":
+            continue
+        if key in ("platforms", "packages"):
+            merged = dict(out.get(key, {}))
+            merged.update(copy.deepcopy(value))
+            out[key] = merged
+        elif key == "sources":
+            by_name = {s["name"]: s for s in out.get("sources", [])}
+            order = [s["name"] for s in out.get("sources", [])]
+            for src in value:
+                if src["name"] not in by_name:
+                    order.append(src["name"])
+                by_name[src["name"]] = copy.deepcopy(src)
+            out["sources"] = [by_name[n] for n in order]
+        else:
+            out[key] = copy.deepcopy(value)
+    out.pop("abstract", None)
+    if child.get("abstract"):
+        out["abstract"] = True
+    out.pop("extends", None)
+    return out
+
+
+class StackResolutionError(Exception):
+    def __init__(self, pointer: str, message: str):
+        super().__init__(message)
+        self.pointer = pointer
+
+
+def resolve_stack_document(doc: dict, lookup: Callable[[str], dict | None]) -> dict:
+    """Follow ``extends`` through ``lookup(name) -> raw document`` and return the resolved document."""
+    chain = [doc]
+    seen = {doc.get("name")}
+    current = doc
+    while "extends" in current:
+        parent_name = current["extends"]
+        if parent_name in seen:
+            raise StackResolutionError("/extends", f"stack inheritance loop through {parent_name!r}")
+        parent = lookup(parent_name)
+        if parent is None:
+            raise StackResolutionError("/extends", f"extends unknown stack {parent_name!r}")
+        seen.add(parent_name)
+        chain.append(parent)
+        current = parent
+    resolved: dict = {}
+    for layer in reversed(chain):
+        resolved = merge_stack(resolved, layer) if resolved else {k: copy.deepcopy(v) for k, v in layer.items() if k != "extends"}
+    resolved["name"] = doc["name"]
+    if "description" in doc:
+        resolved["description"] = doc["description"]
+    if not doc.get("abstract"):
+        resolved.pop("abstract", None)
+    return resolved
+
+
+def stack_rule_problems(resolved: dict) -> list[tuple[str, str]]:
+    """Semantic rules over a resolved stack, as (JSON pointer, message)."""
+    problems = [(p, m) for p, m in schema_problems(resolved, "stack")]
+    if problems:
+        return problems
+    names = [s["name"] for s in resolved["sources"]]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            problems.append((f"/sources/{i}/name", f"source {name!r} is listed twice"))
+    for platform, entry in resolved["platforms"].items():
+        if platform == "cuda" and "cuda_arch_list" not in entry:
+            problems.append((f"/platforms/cuda", "a cuda platform needs cuda_arch_list (for example [\"9.0\"] for H100/H200)"))
+        if platform == "rocm" and "gfx_targets" not in entry:
+            problems.append((f"/platforms/rocm", "a rocm platform needs gfx_targets (for example [\"gfx942\"] for MI300X)"))
+        if platform != "cuda" and "cuda_arch_list" in entry:
+            problems.append((f"/platforms/{platform}/cuda_arch_list", "only the cuda platform takes cuda_arch_list"))
+        if platform != "rocm" and "gfx_targets" in entry:
+            problems.append((f"/platforms/{platform}/gfx_targets", "only the rocm platform takes gfx_targets"))
+    return problems
