@@ -95,8 +95,8 @@ def arm_rule_problems(doc: dict, stack: Stack | None) -> list[tuple[str, str]]:
     if model["heads"] % model["query_groups"]:
         out.append(("/model/query_groups", f"{model['query_groups']} must divide the {model['heads']} heads"))
     topo = Topology.from_document(doc["topology"])
-    vllm = stack.packages.get("vllm", "none") if stack is not None else "unknown"
-    out += topology_problems(topo, model, vllm_version=f"vllm {vllm}")
+    vllm = stack.packages.get("vllm", "(none in the stack)") if stack is not None else "(unknown)"
+    out += topology_problems(topo, model, vllm_version=vllm)
     wl = doc["workload"]
     if wl["global_batch_size"] != wl["rollout_batch_size"] * wl["samples_per_prompt"]:
         out.append(("/workload/global_batch_size",

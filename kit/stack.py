@@ -73,7 +73,16 @@ class Stack:
 
 
 def stack_identity(resolved: dict) -> dict:
-    return {k: v for k, v in resolved.items() if k not in NON_IDENTITY_FIELDS}
+    """The pinned content: names, descriptions and free-text notes are not part of the software."""
+    return _without_notes({k: v for k, v in resolved.items() if k not in NON_IDENTITY_FIELDS})
+
+
+def _without_notes(value):
+    if isinstance(value, dict):
+        return {k: _without_notes(v) for k, v in value.items() if k != "note"}
+    if isinstance(value, list):
+        return [_without_notes(v) for v in value]
+    return value
 
 
 def merge_stack(parent: dict, child: dict) -> dict:

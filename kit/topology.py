@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 REFERENCE_LAYOUT = (4, 2, 4, 1)   # (tp, cp, rollout_tp, rollout_cp) of the published runs
 ROLLOUT_CP_REFUSAL = (
-    "rollout CP > 1 is refused: the stack's vLLM ({vllm}) has no prefill-context-parallel support for "
+    "rollout CP > 1 is refused: the stack's vLLM {vllm} has no prefill-context-parallel support for "
     "RL-Kernel attention (vLLM asserts 'PCP requires attention impls' support' at run time); use rollout CP 1"
 )
 

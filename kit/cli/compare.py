@@ -1,0 +1,55 @@
+"""`kit compare A B`: declared factors versus uncontrolled differences."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from kit.cli._output import emit_json
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("a")
+@click.argument("b")
+@click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/comparison/v1 document.")
+def command(a, b, as_json):
+    """Compare two arms (names or files) or two run directories.
+
+    Every differing field of stack and arm (for runs: also observed identity, image, topology and
+    workload) is classified as a declared factor or uncontrolled. Exit 0 when only declared factors
+    differ, 1 otherwise, 2 for unreadable input.
+
+    \b
+    Examples:
+      kit compare manifests/G10.json manifests/G11.json     # exit 1: pins and backend uncontrolled
+      kit compare native consistency                        # exit 0: only operators differ
+      kit compare .workspace/runs/r1 .workspace/runs/r2
+    """
+    if Path(a).is_dir() and Path(b).is_dir():
+        from kit.evidence import compare_run_dirs  # runs: observed identities from the manifests
+        result = compare_run_dirs(Path(a), Path(b))
+    else:
+        from kit.catalog import Catalog
+        from kit.compare import compare_arms
+        catalog = Catalog.default()
+        result = compare_arms(catalog.arm_ref(a), catalog.arm_ref(b))
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        verdict = "controlled" if result.controlled else "NOT a controlled comparison"
+        click.echo(f"{result.a} vs {result.b}: {verdict}")
+        if result.declared_factors:
+            click.echo(f"declared factors: {', '.join(result.declared_factors)}")
+        width = max((len(d.path) for d in result.differences), default=4)
+        for d in result.differences:
+            click.echo(f"  {d.status:<12} {d.path:<{width}}  {_short(d.a)}  ->  {_short(d.b)}")
+        for note in result.notes:
+            click.echo(f"note: {note}")
+    if not result.controlled:
+        raise click.exceptions.Exit(1)
+
+
+def _short(value) -> str:
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= 60 else text[:57] + "..."

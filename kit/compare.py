@@ -1,0 +1,124 @@
+"""Comparability: every difference between two arms (or runs), declared factor or uncontrolled.
+
+Two arms are a controlled comparison when every field that differs is covered by a factor that
+one of them declares in ``comparison`` naming the other. Example::
+
+    result = compare_arms(catalog.arm("G10"), catalog.arm("G11"))
+    result.controlled                 # False
+    [d.path for d in result.uncontrolled]
+    # ['attention_backend', 'stack.packages.transformer-engine', 'stack.sources.rl-kernel.commit', ...]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kit.arm import Arm
+
+# Fields that name or describe an arm, or are compared through the stack's content instead.
+ARM_FIELDS_NOT_COMPARED = ("schema", "name", "description", "comparison", "stack")
+# List-valued fields whose items are keyed by a name, so a diff names the item, not an index.
+KEYED_LISTS = {"sources": "name"}
+
+DECLARED = "declared"
+UNCONTROLLED = "uncontrolled"
+
+
+@dataclass(frozen=True)
+class Difference:
+    path: str
+    a: Any
+    b: Any
+    status: str       # "declared" | "uncontrolled"
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "a": self.a, "b": self.b, "status": self.status}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: str
+    b: str
+    differences: tuple[Difference, ...]
+    declared_factors: tuple[str, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def uncontrolled(self) -> list[Difference]:
+        return [d for d in self.differences if d.status == UNCONTROLLED]
+
+    @property
+    def controlled(self) -> bool:
+        return not self.uncontrolled
+
+    def to_json(self) -> dict:
+        return {
+            "schema": "rlk-kit/comparison/v1",
+            "a": self.a,
+            "b": self.b,
+            "controlled": self.controlled,
+            "declared_factors": list(self.declared_factors),
+            "differences": [d.to_json() for d in self.differences],
+            "notes": list(self.notes),
+        }
+
+
+_MISSING = "<absent>"
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Leaf paths of a document: dicts by key, keyed lists by item name, other lists whole."""
+    out: dict[str, Any] = {}
+    if isinstance(value, dict):
+        if not value and prefix:
+            out[prefix] = {}
+        for key, sub in value.items():
+            out.update(flatten(sub, f"{prefix}.{key}" if prefix else str(key)))
+    elif isinstance(value, list) and prefix.rsplit(".", 1)[-1] in KEYED_LISTS and all(isinstance(v, dict) for v in value):
+        key = KEYED_LISTS[prefix.rsplit(".", 1)[-1]]
+        for item in value:
+            out.update(flatten({k: v for k, v in item.items() if k != key}, f"{prefix}.{item.get(key)}"))
+    else:
+        out[prefix] = value
+    return out
+
+
+def covered(path: str, factors: tuple[str, ...]) -> bool:
+    return any(path == f or path.startswith(f + ".") for f in factors)
+
+
+def classify(flat_a: dict, flat_b: dict, factors: tuple[str, ...]) -> list[Difference]:
+    out = []
+    for path in sorted(set(flat_a) | set(flat_b)):
+        va, vb = flat_a.get(path, _MISSING), flat_b.get(path, _MISSING)
+        if va != vb or type(va) is not type(vb):
+            out.append(Difference(path, va, vb, DECLARED if covered(path, factors) else UNCONTROLLED))
+    return out
+
+
+def declared_between(doc_a: dict, doc_b: dict) -> tuple[tuple[str, ...], list[str]]:
+    """Factors either arm declares for a comparison with the other, and notes on what is missing."""
+    factors: list[str] = []
+    notes = []
+    for this, other in ((doc_a, doc_b), (doc_b, doc_a)):
+        decl = this.get("comparison")
+        if decl and decl["with"] == other["name"]:
+            factors += [f for f in decl["factors"] if f not in factors]
+    if not factors:
+        notes.append(f"neither {doc_a['name']} nor {doc_b['name']} declares a comparison with the other; "
+                     "every difference is uncontrolled")
+    return tuple(factors), notes
+
+
+def arm_view(arm: Arm) -> dict:
+    """The fields of an arm that define the experiment, with the resolved stack content under 'stack'."""
+    view = {k: v for k, v in arm.document.items() if k not in ARM_FIELDS_NOT_COMPARED}
+    view["stack"] = arm.stack.identity
+    return view
+
+
+def compare_arms(a: Arm, b: Arm) -> Comparison:
+    factors, notes = declared_between(a.document, b.document)
+    diffs = classify(flatten(arm_view(a)), flatten(arm_view(b)), factors)
+    return Comparison(a.name, b.name, tuple(diffs), factors, tuple(notes))

@@ -1,0 +1,146 @@
+"""Plan: an arm resolved into what will run — topology, commands, Ray job, the image it needs.
+
+Pure: no engine, no cluster, no files. ``kit plan`` prints it; ``kit run`` executes it.
+Example::
+
+    plan = resolve_plan(catalog.arm("consistency"), TopologyOverrides(tp=2, cp=4))
+    plan["topology"]["vllm_gpu_memory_utilization"]   # 0.4
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import shlex
+from dataclasses import dataclass
+
+from kit import image_layout as L
+from kit.arm import Arm, with_overrides
+from kit.errors import BadInput
+from kit.topology import Topology, accepted_tp_sizes, derive_layout, max_engine_decode_batch, topology_problems
+from kit.vime import command as vime
+
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+FLAG_OF = {"tp": "--tp-size", "cp": "--cp-size", "rollout_tp": "--rollout-tp-size", "rollout_cp": "--rollout-cp-size",
+           "gpus": "--tp-size"}
+
+
+@dataclass(frozen=True)
+class TopologyOverrides:
+    tp: int | None = None
+    cp: int | None = None
+    rollout_tp: int | None = None
+    rollout_cp: int | None = None
+
+    def any(self) -> bool:
+        return any(v is not None for v in (self.tp, self.cp, self.rollout_tp, self.rollout_cp))
+
+
+def default_run_id(arm: Arm, now: _dt.datetime | None = None) -> str:
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    wl = arm.workload
+    return f"{arm.name.lower()}-n{wl['rollouts']}-s{wl['seed']}-{now.strftime('%Y%m%dT%H%M%S%fZ')}"
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID_RE.match(run_id) or len(run_id) > 128:
+        raise BadInput(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 128)")
+    return run_id
+
+
+def apply_topology_overrides(arm: Arm, ov: TopologyOverrides) -> Topology:
+    """The arm's topology with flags applied; omitting --cp-size derives it from the GPU count."""
+    base = arm.topology
+    for flag, value in (("--tp-size", ov.tp), ("--cp-size", ov.cp), ("--rollout-tp-size", ov.rollout_tp),
+                        ("--rollout-cp-size", ov.rollout_cp)):
+        if value is not None and value <= 0:
+            raise BadInput(f"{flag} {value}: must be a positive integer")
+    tp = ov.tp if ov.tp is not None else base.tp
+    if ov.cp is not None:
+        cp = ov.cp
+    elif ov.tp is not None:
+        if base.gpus % tp:
+            accepted = ", ".join(map(str, accepted_tp_sizes(base.gpus, arm.document["model"])))
+            raise BadInput(f"--tp-size {tp}: does not divide the {base.gpus} GPUs; accepted: {accepted}")
+        cp = base.gpus // tp
+    else:
+        cp = base.cp
+    topo = Topology(base.gpus, tp, cp,
+                    ov.rollout_tp if ov.rollout_tp is not None else base.rollout_tp,
+                    ov.rollout_cp if ov.rollout_cp is not None else base.rollout_cp)
+    problems = topology_problems(topo, arm.document["model"], vllm_version=arm.stack.packages.get('vllm', '(none in the stack)'))
+    if problems:
+        pointer, message = problems[0]
+        key = pointer.rsplit("/", 1)[-1]
+        value = getattr(topo, key)
+        raise BadInput(f"{FLAG_OF.get(key, key)} {value}: {message}")
+    return topo
+
+
+def planned_capture_sizes(arm: Arm, topo: Topology) -> list[int]:
+    """The arm's capture sizes; recomputed for a new topology by the same rule the arm used."""
+    graph = arm.document["graph"]
+    if graph["mode"] == "NONE":
+        return []
+    wl = arm.workload
+    if topo == arm.topology:
+        return list(graph["capture_sizes"])
+    full = wl["rollout_batch_size"] * wl["samples_per_prompt"]
+    per_engine_before = max_engine_decode_batch(arm.topology, wl["rollout_batch_size"], wl["samples_per_prompt"], wl["router_policy"])
+    used_full = max(graph["capture_sizes"]) == full and full != per_engine_before
+    k = full if used_full else max_engine_decode_batch(topo, wl["rollout_batch_size"], wl["samples_per_prompt"], wl["router_policy"])
+    return list(range(1, k + 1))
+
+
+def resolve_plan(arm: Arm, ov: TopologyOverrides = TopologyOverrides(), *, run_id: str | None = None,
+                 rollouts: int | None = None, workspace: str = L.WORKSPACE) -> dict:
+    if rollouts is not None and rollouts <= 0:
+        raise BadInput(f"--rollouts {rollouts}: must be a positive integer")
+    topo = apply_topology_overrides(arm, ov)
+    doc = with_overrides(arm.document, topology=topo.to_document() if topo != arm.topology else None, rollouts=rollouts)
+    capture = planned_capture_sizes(arm, topo)
+    doc["graph"] = {"mode": doc["graph"]["mode"], "capture_sizes": capture}
+    layout = derive_layout(topo, doc["workload"], arm.engine)
+    doc["evidence_level"] = layout["evidence_level"]
+    run_id = check_run_id(run_id) if run_id else default_run_id(arm)
+    run_dir = f"{workspace}/runs/{run_id}"
+    if arm.engine == "vime":
+        cmd = vime.train_command(doc, layout, run_dir, capture_sizes=capture)
+        argv, appended = cmd.argv, cmd.entrypoint_appended
+        env = vime.runtime_env_vars(doc, layout, run_id, run_dir, capture_sizes=capture)
+        working_dir = L.source_dir("vime")
+    else:
+        argv = [L.PYTHON, "-m", "rlk_kernels.smoke", "--arm-file", f"{run_dir}/arm.json"]
+        appended = []
+        env = {"PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": str(doc["workload"]["seed"]), "RAY_USAGE_STATS_ENABLED": "0",
+               "RL_KERNEL_ATTENTION_CASE": doc["operators"]["attention"], "RL_KERNEL_FFN_CASE": doc["operators"]["ffn"],
+               "RL_KERNEL_LOGP_CASE": doc["operators"]["logp"], "RL_KERNEL_RUN_ID": run_id}
+        working_dir = run_dir
+    platform = arm.platform
+    return {
+        "schema": "rlk-kit/plan/v1",
+        "arm": doc,
+        "stack": {"name": arm.stack.name, "sha256": arm.stack.sha256},
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "topology": layout,
+        "capture_sizes": capture,
+        "evidence_level": layout["evidence_level"],
+        "command": {"argv": argv, "shell": shlex.join(argv), "entrypoint_appended": appended,
+                    "note": "complete command: nothing is appended behind it; entrypoint_appended lists the flags the "
+                            "seed's aligned_python_entrypoint.sh used to add"},
+        "ray_job": {
+            "submission_id": vime.submission_id(run_id),
+            "entrypoint": shlex.join(argv),
+            "runtime_env": {"working_dir": working_dir, "env_vars": env},
+            "metadata": {"arm": doc["name"], "run_id": run_id, "stack_sha256": arm.stack.sha256,
+                         "image_id": "<set at run time>", "manifest_sha256": "<set at run time>"},
+        },
+        "image": {
+            "platform": platform,
+            "repository": f"rlk-kit/{arm.stack.name}",
+            "base_image": arm.stack.base_image(platform),
+            "required_labels": {f"{L.LABEL_PREFIX}.stack.sha256": arm.stack.sha256, f"{L.LABEL_PREFIX}.platform": platform},
+            "build": f"kit build {platform} --arm {arm.name}",
+        },
+    }
