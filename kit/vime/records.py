@@ -71,3 +71,117 @@ def parse_records(lines: Iterable[str]) -> Iterator[Record]:
 
 def is_finite_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# --- tidy per-step view ---------------------------------------------------------------------------
+
+# The two perf lines of one step are told apart by a key only one side prints (reference §4.1).
+PERF_TRAIN_MARKER = "perf/step_time"
+PERF_ROLLOUT_MARKER = "perf/rollout_time"
+# record slot -> the key prefixes it owns; lookups try the owning slot first
+SLOTS = ("rollout", "train", "perf_rollout", "perf_train")
+
+
+class RecordConflict(ValueError):
+    """Two records claim the same (slot, step) with different contents, or a record cannot be placed."""
+
+
+@dataclass(frozen=True)
+class StepRecords:
+    """Every record of one step, by slot; a slot absent from the log is an empty dict.
+
+    ``value("perf/rollout_time")`` looks the key up in the slot that owns its prefix first::
+
+        >>> s = StepRecords(0, {"perf_rollout": {"perf/rollout_time": 2.0}}, {})
+        >>> s.value("perf/rollout_time")
+        2.0
+    """
+
+    step: int
+    payloads: dict          # slot -> payload dict
+    line_numbers: dict      # slot -> 1-based line of the first occurrence
+
+    def value(self, key: str, default=None):
+        for slot in _slot_order(key):
+            payload = self.payloads.get(slot)
+            if payload and key in payload:
+                return payload[key]
+        return default
+
+
+def _slot_order(key: str) -> tuple[str, ...]:
+    if key.startswith("perf/"):
+        return ("perf_train", "perf_rollout", "train", "rollout")
+    if key.startswith("rollout/"):
+        return ("rollout", "perf_rollout", "perf_train", "train")
+    return ("train", "perf_train", "rollout", "perf_rollout")
+
+
+def slot_of(record: Record) -> str:
+    """Which of the four per-step slots a record fills; perf lines are told apart by their keys."""
+    if record.kind == "rollout":
+        return "rollout"
+    if record.kind == "step":
+        return "train"
+    has_train, has_rollout = PERF_TRAIN_MARKER in record.payload, PERF_ROLLOUT_MARKER in record.payload
+    if has_train and not has_rollout:
+        return "perf_train"
+    if has_rollout and not has_train:
+        return "perf_rollout"
+    which = "both" if has_train else "neither"
+    raise RecordConflict(
+        f"line {record.line_number}: perf {record.step} holds {which} of {PERF_ROLLOUT_MARKER!r} "
+        f"(rollout side) and {PERF_TRAIN_MARKER!r} (train side); each perf line must hold exactly one")
+
+
+def _same(a, b) -> bool:
+    # nan != nan, yet two identical printed lines with nan are the same record
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def collect_steps(records: Iterable[Record]) -> dict[int, StepRecords]:
+    """Group records by step into slots; identical repeats collapse, conflicting repeats raise.
+
+    Steps are the union of step indices over all record kinds. Example::
+
+        >>> steps = collect_steps(parse_records(["step 0: {'train/loss': 1.0}", "step 0: {'train/loss': 1.0}"]))
+        >>> steps[0].value("train/loss")
+        1.0
+    """
+    payloads: dict[int, dict] = {}
+    lines: dict[int, dict] = {}
+    for record in records:
+        slot = slot_of(record)
+        have = payloads.setdefault(record.step, {})
+        if slot in have:
+            if not _same(have[slot], record.payload):
+                first = lines[record.step][slot]
+                label = record.kind if record.kind != "perf" else f"perf ({slot.split('_')[1]} side)"
+                raise RecordConflict(
+                    f"lines {first} and {record.line_number}: two different {label} records for step "
+                    f"{record.step}; a log must hold one run (repeated lines must be identical)")
+            continue
+        have[slot] = record.payload
+        lines.setdefault(record.step, {})[slot] = record.line_number
+    return {step: StepRecords(step, payloads[step], lines[step]) for step in sorted(payloads)}
+
+
+GENERATION_RE = re.compile(r"Rollout generation:.*100%.*\[(\d+):(\d+)<")
+
+
+def generation_progress_seconds(lines: Iterable[str]) -> list[int]:
+    """Elapsed seconds of each finished tqdm ``Rollout generation ... 100%`` bar, in log order."""
+    out = []
+    for raw in lines:
+        line = ANSI_RE.sub("", raw)
+        if "Rollout generation:" in line and "100%" in line:
+            match = GENERATION_RE.search(line)
+            if match:
+                out.append(int(match.group(1)) * 60 + int(match.group(2)))
+    return out

@@ -1,0 +1,364 @@
+"""Performance decomposition of VIME steps, and the statistics that compare arms.
+
+Per step (formulas in docs/analysis.md)::
+
+    rollout generation     = perf/rollout_time
+    weight update          = perf/update_weights_time
+    wake/offload residual  = perf/train_wait_time - perf/rollout_time - perf/update_weights_time
+    actor training         = perf/actor_train_time
+    train residual         = perf/train_time - perf/actor_train_time
+    unattributed           = perf/step_time - perf/train_wait_time - perf/train_time
+
+Example::
+
+    report = analyze_perf(load_arms([Path("G10.log"), Path("G11.log")]), steady_from=1)
+    report.summary["subsets"]["all"]["comparisons"][0]["metrics"]["step_time_s"]["bootstrap"]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kit.analysis.comparability import CONTROLLED_LABEL, DESCRIPTIVE_LABEL, Comparability, assess
+from kit.analysis.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, Resampler, describe, exact_mean, ols
+from kit.errors import BadInput
+
+STAGES = (
+    # (id, label, step-metrics column, formula)
+    ("rollout_generation", "rollout generation", "rollout_time_s", "perf/rollout_time"),
+    ("weight_update", "weight update", "update_weights_time_s", "perf/update_weights_time"),
+    ("wake_offload_residual", "wake/offload residual", "wait_residual_time_s",
+     "perf/train_wait_time - perf/rollout_time - perf/update_weights_time"),
+    ("actor_training", "actor training", "actor_train_time_s", "perf/actor_train_time"),
+    ("train_residual", "train residual", "train_residual_time_s", "perf/train_time - perf/actor_train_time"),
+    ("unattributed", "unattributed", "unattributed_time_s",
+     "perf/step_time - perf/train_wait_time - perf/train_time"),
+)
+
+# step-metrics.csv columns, in order
+COLUMNS = (
+    "arm", "step", "response_length_mean", "prompt_length_mean", "total_length_mean",
+    "response_tokens_total", "total_tokens_total", "rollout_time_s", "rollout_progress_time_s_rounded",
+    "rollout_tok_per_gpu_s", "rollout_aggregate_tok_s", "rollout_s_per_1k_response_tokens",
+    "rollout_truncated_ratio", "update_weights_time_s", "wait_residual_time_s", "train_wait_time_s",
+    "actor_train_time_s", "train_residual_time_s", "train_time_s", "data_preprocess_time_s",
+    "unattributed_time_s", "step_time_s", "step_s_per_1k_response_tokens", "actor_train_tok_s",
+    "actor_train_tflops", "fully_truncated", "steady",
+)
+NUMERIC = tuple(c for c in COLUMNS if c not in ("arm", "step", "fully_truncated", "steady"))
+# metrics whose arm differences get a bootstrap CI
+COMPARED = (
+    "step_time_s", "rollout_time_s", "update_weights_time_s", "wait_residual_time_s", "actor_train_time_s",
+    "train_residual_time_s", "train_time_s", "rollout_tok_per_gpu_s", "rollout_aggregate_tok_s",
+    "actor_train_tok_s", "response_length_mean",
+)
+# the log keys behind the raw columns, to name what a log lacks
+SOURCE_KEYS = {
+    "rollout_time_s": "perf/rollout_time", "update_weights_time_s": "perf/update_weights_time",
+    "train_wait_time_s": "perf/train_wait_time", "actor_train_time_s": "perf/actor_train_time",
+    "train_time_s": "perf/train_time", "data_preprocess_time_s": "perf/data_preprocess_time",
+    "step_time_s": "perf/step_time", "rollout_tok_per_gpu_s": "perf/tokens_per_gpu_per_sec",
+    "actor_train_tok_s": "perf/actor_train_tok_per_s", "actor_train_tflops": "perf/actor_train_tflops",
+    "total_length_mean": "rollout/total_lengths", "response_length_mean": "rollout/response_lengths",
+    "rollout_truncated_ratio": "rollout/truncated_ratio",
+}
+
+
+def _sub(a, b):
+    return None if a is None or b is None else a - b
+
+
+def _div(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _mul(a, k):
+    return None if a is None else a * k
+
+
+def step_rows(arm, steady_from: int = 1) -> list[dict]:
+    """One row per step of the arm with the columns of step-metrics.csv (None where unknown)."""
+    v = {key: arm.values(key) for key in (
+        "rollout/response_lengths", "rollout/response_len/mean", "rollout/total_lengths",
+        "rollout/truncated_ratio", "rollout/truncated", "perf/rollout_time", "perf/tokens_per_gpu_per_sec",
+        "perf/update_weights_time", "perf/train_wait_time", "perf/actor_train_time", "perf/train_time",
+        "perf/data_preprocess_time", "perf/step_time", "perf/actor_train_tok_per_s", "perf/actor_train_tflops")}
+    gbs = arm.global_batch_size
+    rows = []
+    for i, step in enumerate(arm.step_indices):
+        resp = v["rollout/response_lengths"][i]
+        resp = resp if resp is not None else v["rollout/response_len/mean"][i]
+        total = v["rollout/total_lengths"][i]
+        trunc = v["rollout/truncated_ratio"][i]
+        trunc = trunc if trunc is not None else v["rollout/truncated"][i]
+        rollout, update = v["perf/rollout_time"][i], v["perf/update_weights_time"][i]
+        wait, actor, train = v["perf/train_wait_time"][i], v["perf/actor_train_time"][i], v["perf/train_time"][i]
+        step_time = v["perf/step_time"][i]
+        resp_tokens = _mul(resp, gbs)
+        progress = arm.progress_seconds[i] if arm.progress_seconds else None
+        rows.append({
+            "arm": arm.name, "step": step,
+            "response_length_mean": resp, "prompt_length_mean": _sub(total, resp), "total_length_mean": total,
+            "response_tokens_total": resp_tokens, "total_tokens_total": _mul(total, gbs),
+            "rollout_time_s": rollout, "rollout_progress_time_s_rounded": progress,
+            "rollout_tok_per_gpu_s": v["perf/tokens_per_gpu_per_sec"][i],
+            "rollout_aggregate_tok_s": _div(resp_tokens, rollout),
+            "rollout_s_per_1k_response_tokens": _div(rollout, _mul(resp_tokens, 1e-3)),
+            "rollout_truncated_ratio": trunc,
+            "update_weights_time_s": update,
+            "wait_residual_time_s": _sub(_sub(wait, rollout), update),
+            "train_wait_time_s": wait, "actor_train_time_s": actor,
+            "train_residual_time_s": _sub(train, actor), "train_time_s": train,
+            "data_preprocess_time_s": v["perf/data_preprocess_time"][i],
+            "unattributed_time_s": _sub(_sub(step_time, wait), train),
+            "step_time_s": step_time,
+            "step_s_per_1k_response_tokens": _div(step_time, _mul(resp_tokens, 1e-3)),
+            "actor_train_tok_s": v["perf/actor_train_tok_per_s"][i],
+            "actor_train_tflops": v["perf/actor_train_tflops"][i],
+            "fully_truncated": None, "steady": step >= steady_from,
+        })
+    _mark_fully_truncated(arm, rows)
+    return rows
+
+
+def _mark_fully_truncated(arm, rows) -> None:
+    # Every sample hit the cap: truncated ratio 1 and mean response length == max_response_len.
+    # Without a manifest the cap is read off the data: the response length of ratio-1 steps.
+    cap = arm.max_response_len
+    if cap is None:
+        caps = {r["response_length_mean"] for r in rows if r["rollout_truncated_ratio"] == 1.0}
+        cap = max(caps) if caps else None
+    for r in rows:
+        if r["rollout_truncated_ratio"] is None or r["response_length_mean"] is None:
+            continue
+        r["fully_truncated"] = r["rollout_truncated_ratio"] == 1.0 and cap is not None \
+            and r["response_length_mean"] == cap
+
+
+def missing_keys(rows) -> list[str]:
+    """Log keys no step of the arm carries (their columns are empty)."""
+    return sorted(key for col, key in SOURCE_KEYS.items() if all(r[col] is None for r in rows))
+
+
+SUBSETS = {
+    "all": (lambda r: True, "every step"),
+    "steady": (lambda r: r["steady"], "steps >= steady_from (warm-up excluded)"),
+    "fully_truncated": (lambda r: r["fully_truncated"] is True,
+                        "steps whose every sample hit max_response_len (truncated ratio 1)"),
+}
+
+
+@dataclass(frozen=True)
+class PerfReport:
+    rows: tuple[dict, ...]          # step-metrics.csv rows, arms stacked in the order given
+    summary: dict                   # summary.json (schema rlk-kit/analysis-perf/v1)
+    summary_rows: tuple[dict, ...]  # summary.csv rows
+    comparability: Comparability
+    arm_names: tuple[str, ...]
+
+
+SUMMARY_CSV_COLUMNS = (
+    "subset", "metric", "arm", "n", "mean", "median", "p05", "p95", "min", "max", "sum", "std",
+    "reference_arm", "difference_vs_reference", "ci95_low", "ci95_high", "bootstrap_method",
+    "reference_over_arm", "comparison",
+)
+
+
+def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: int = BOOTSTRAP_DRAWS,
+                 seed: int = BOOTSTRAP_SEED, compare=None) -> PerfReport:
+    """Everything ``kit analyze perf`` reports, as data. ``pairing`` is auto, paired or unpaired."""
+    names = [a.name for a in arms]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise BadInput(f"arm name(s) {', '.join(dupes)} given twice; rename with --name (one per run, in order)")
+    if pairing not in ("auto", "paired", "unpaired"):
+        raise BadInput(f"pairing {pairing!r}: expected auto, paired or unpaired")
+    per_arm = {a.name: step_rows(a, steady_from) for a in arms}
+    shared = len({a.step_indices for a in arms}) == 1
+    if pairing == "paired" and not shared:
+        steps = "; ".join(f"{a.name}: {len(a.step_indices)} steps {a.step_indices[0]}..{a.step_indices[-1]}"
+                          for a in arms)
+        raise BadInput(f"--paired needs every arm to have the same step indices ({steps}); use --unpaired")
+    paired = pairing == "paired" or (pairing == "auto" and shared)
+    verdict = assess(arms, compare)
+    resampler = Resampler(draws, seed)
+
+    subsets = {}
+    summary_rows = []
+    for subset, (keep, definition) in SUBSETS.items():
+        chosen = {n: [r for r in rows if keep(r)] for n, rows in per_arm.items()}
+        block = {"definition": definition, "arms": {}, "comparisons": []}
+        stats = {}
+        for name, rows in chosen.items():
+            stats[name] = {col: describe([r[col] for r in rows]) for col in NUMERIC}
+            block["arms"][name] = {"steps": len(rows), "metrics": stats[name]}
+        ref = names[0]
+        for other in names[1:]:
+            block["comparisons"].append(_compare(ref, other, chosen, stats, paired, resampler, verdict))
+        subsets[subset] = block
+        comparisons = {c["other"]: c for c in block["comparisons"]}
+        for name in names:
+            for col in NUMERIC:
+                d = stats[name][col]
+                if d["n"] == 0:
+                    continue
+                row = {"subset": subset, "metric": col, "arm": name, **{k: d[k] for k in
+                       ("n", "mean", "median", "p05", "p95", "min", "max", "sum", "std")}}
+                c = comparisons.get(name)
+                m = c["metrics"].get(col) if c else None
+                row.update({
+                    "reference_arm": ref if c else "",
+                    "difference_vs_reference": m["difference"] if m else None,
+                    "ci95_low": (m["bootstrap"] or {}).get("ci95_low") if m else None,
+                    "ci95_high": (m["bootstrap"] or {}).get("ci95_high") if m else None,
+                    "bootstrap_method": (m["bootstrap"] or {}).get("method", "") if m else "",
+                    "reference_over_arm": m["reference_over_other"] if m else None,
+                    "comparison": (c["label"] if c else ("reference" if len(names) > 1 and name == ref
+                                                          else "single arm")),
+                })
+                summary_rows.append(row)
+
+    all_rows = [r for n in names for r in per_arm[n]]
+    summary = {
+        "schema": "rlk-kit/analysis-perf/v1",
+        "kit_version": _kit_version(),
+        "arms": [_arm_json(a, per_arm[a.name]) for a in arms],
+        "comparison": verdict.to_json(),
+        "settings": {"steady_from": steady_from, "pairing_requested": pairing,
+                     "pairing_used": "paired" if paired else "unpaired",
+                     "bootstrap": {"draws": draws, "seed": seed, "statistic": "mean(arm) - mean(reference)",
+                                   "interval": "percentile 2.5/97.5"}},
+        "stages": [{"id": s, "label": lbl, "column": col, "formula": f} for s, lbl, col, f in STAGES],
+        "subsets": subsets,
+        "stage_contributions": _stage_contributions(names, subsets["all"], verdict),
+        "throughput": _pooled_throughput(names, per_arm),
+        "speedups": _speedups(names, subsets["all"], verdict),
+        "regressions": _regressions(names, all_rows),
+    }
+    return PerfReport(tuple(all_rows), summary, tuple(summary_rows), verdict, tuple(names))
+
+
+def _kit_version() -> str:
+    from kit import __version__
+
+    return __version__
+
+
+def _arm_json(arm, rows) -> dict:
+    return {
+        "name": arm.name, "log": str(arm.log_path), "run_dir": str(arm.run_dir) if arm.run_dir else None,
+        "bare_log": arm.is_bare_log, "steps": len(rows), "first_step": rows[0]["step"], "last_step": rows[-1]["step"],
+        "global_batch_size": arm.global_batch_size, "global_batch_size_origin": arm.global_batch_size_origin,
+        "max_response_len": arm.max_response_len,
+        "fully_truncated_steps": sum(1 for r in rows if r["fully_truncated"] is True),
+        "missing_log_keys": missing_keys(rows), "notes": list(arm.notes),
+    }
+
+
+def _compare(ref, other, chosen, stats, paired, resampler, verdict) -> dict:
+    label = _label(verdict, other)
+    ref_rows, other_rows = chosen[ref], chosen[other]
+    if paired:
+        # align by step: only steps present (in this subset) for both arms
+        common = sorted({r["step"] for r in ref_rows} & {r["step"] for r in other_rows})
+        ref_by, other_by = {r["step"]: r for r in ref_rows}, {r["step"]: r for r in other_rows}
+    metrics = {}
+    for col in COMPARED:
+        a_mean, b_mean = stats[ref][col]["mean"], stats[other][col]["mean"]
+        if a_mean is None or b_mean is None:
+            continue
+        if paired:
+            boot = resampler.paired([ref_by[s][col] for s in common], [other_by[s][col] for s in common])
+        else:
+            boot = resampler.unpaired([r[col] for r in ref_rows], [r[col] for r in other_rows])
+        metrics[col] = {"reference_mean": a_mean, "other_mean": b_mean, "difference": b_mean - a_mean,
+                        "reference_over_other": _div(a_mean, b_mean), "bootstrap": boot}
+    return {"reference": ref, "other": other, "label": label, "bootstrap_method": "paired" if paired else "unpaired",
+            "paired_steps": len(common) if paired else None, "metrics": metrics}
+
+
+def _label(verdict, other) -> str:
+    pair = verdict.pair(other)
+    return CONTROLLED_LABEL if pair is not None and pair.controlled else DESCRIPTIVE_LABEL
+
+
+def _stage_contributions(names, block, verdict) -> list[dict]:
+    out = []
+    ref = names[0]
+    for other in names[1:]:
+        a, b = block["arms"][ref]["metrics"], block["arms"][other]["metrics"]
+        gap = _sub(b["step_time_s"]["mean"], a["step_time_s"]["mean"])
+        stages = {}
+        for sid, _, col, _ in STAGES:
+            d = _sub(b[col]["mean"], a[col]["mean"])
+            stages[sid] = {"difference_s": d, "share_of_step_difference": _div(d, gap)}
+        out.append({"reference": ref, "other": other, "step_time_difference_s": gap,
+                    "label": _label(verdict, other), "stages": stages})
+    return out
+
+
+def _pooled_throughput(names, per_arm) -> dict:
+    # pooled rates weight each step by its size: Σ tokens / Σ seconds
+    out = {}
+    for n in names:
+        rows = per_arm[n]
+        pairs_r = [(r["response_tokens_total"], r["rollout_time_s"]) for r in rows
+                   if r["response_tokens_total"] is not None and r["rollout_time_s"] is not None]
+        pairs_s = [(r["response_tokens_total"], r["step_time_s"]) for r in rows
+                   if r["response_tokens_total"] is not None and r["step_time_s"] is not None]
+        out[n] = {
+            "rollout_response_tok_s_pooled": _div(sum(t for t, _ in pairs_r), sum(s for _, s in pairs_r)) if pairs_r else None,
+            "end_to_end_response_tok_s_pooled": _div(sum(t for t, _ in pairs_s), sum(s for _, s in pairs_s)) if pairs_s else None,
+            "response_tokens_total": sum(t for t, _ in pairs_s) if pairs_s else None,
+            "step_time_total_hours": sum(s for _, s in pairs_s) / 3600.0 if pairs_s else None,
+        }
+    return out
+
+
+def _speedups(names, block, verdict) -> list[dict]:
+    out = []
+    ref = names[0]
+    a = block["arms"][ref]["metrics"]
+    for other in names[1:]:
+        b = block["arms"][other]["metrics"]
+        pair = verdict.pair(other)
+        out.append({
+            "reference": ref, "other": other,
+            "label": _label(verdict, other), "controlled": pair.controlled,
+            "end_to_end_other_over_reference": _div(b["step_time_s"]["mean"], a["step_time_s"]["mean"]),
+            "step_time_reduction_fraction_of_reference": (None if _div(a["step_time_s"]["mean"], b["step_time_s"]["mean"]) is None
+                                                          else 1.0 - a["step_time_s"]["mean"] / b["step_time_s"]["mean"]),
+            "rollout_throughput_reference_over_other": _div(a["rollout_tok_per_gpu_s"]["mean"], b["rollout_tok_per_gpu_s"]["mean"]),
+            "actor_throughput_reference_over_other": _div(a["actor_train_tok_s"]["mean"], b["actor_train_tok_s"]["mean"]),
+        })
+    return out
+
+
+MODELS = (
+    # (response column, token column, token regressor name)
+    ("step_time_s", "response_tokens_total", "response_ktokens"),
+    ("step_time_s", "total_tokens_total", "total_ktokens"),
+    ("rollout_time_s", "response_tokens_total", "response_ktokens"),
+    ("actor_train_time_s", "total_tokens_total", "total_ktokens"),
+    ("actor_train_time_s", "response_tokens_total", "response_ktokens"),
+)
+
+
+def _regressions(names, rows) -> list[dict]:
+    """OLS of a stage time on tokens (in thousands) with one indicator per non-reference arm.
+
+    The arm coefficient is the length-controlled gap: the time difference at equal tokens.
+    """
+    out = []
+    for response, token_col, token_name in MODELS:
+        cols = {"intercept": [1.0] * len(rows), token_name: [_mul(r[token_col], 1e-3) for r in rows]}
+        for other in names[1:]:
+            cols[f"arm[{other}]"] = [1.0 if r["arm"] == other else 0.0 for r in rows]
+        fit = ols(response, [r[response] for r in rows], cols)
+        if fit is None:
+            continue
+        doc = fit.to_json()
+        doc["model"] = f"{response} ~ 1 + {token_name}" + "".join(f" + arm[{o}]" for o in names[1:])
+        doc["reference_arm"] = names[0]
+        out.append(doc)
+    return out

@@ -1,0 +1,222 @@
+"""Statistics over per-step values: descriptives, OLS with confidence intervals, bootstrap CIs.
+
+Pure functions of numbers; numpy is imported inside each function. Example::
+
+    >>> round(t_quantile(0.975, 10), 4)
+    2.2281
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+BOOTSTRAP_DRAWS = 20_000
+BOOTSTRAP_SEED = 1234
+
+
+def exact_mean(values) -> float:
+    """Correctly rounded mean (``statistics.mean``): the published summaries were made this way."""
+    return float(statistics.mean(values))
+
+
+def describe(values) -> dict:
+    """``{n, mean, median, p05, p95, min, max, sum, std}`` of the finite values; std is the sample std."""
+    import numpy as np
+
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return {"n": 0, "mean": None, "median": None, "p05": None, "p95": None, "min": None, "max": None,
+                "sum": None, "std": None}
+    arr = np.asarray(finite, dtype=float)
+    return {
+        "n": len(finite),
+        "mean": exact_mean(finite),
+        "median": float(np.median(arr)),
+        "p05": float(np.percentile(arr, 5)),
+        "p95": float(np.percentile(arr, 95)),
+        "min": float(arr.min()),
+        "max": float(arr.max()),
+        "sum": math.fsum(finite),
+        "std": float(arr.std(ddof=1)) if len(finite) > 1 else 0.0,
+    }
+
+
+# --- Student t quantile (no scipy: the regularized incomplete beta by continued fraction) -------------
+
+def _betacf(a: float, b: float, x: float) -> float:
+    tiny, eps = 1e-300, 3e-16
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < eps:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Inverse CDF of Student's t by bisection (|error| < 1e-10)."""
+    if not 0.0 < p < 1.0 or df <= 0:
+        raise ValueError("t_quantile needs 0 < p < 1 and df > 0")
+    lo, hi = -1e3, 1e3
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12:
+            break
+    return (lo + hi) / 2.0
+
+
+# --- ordinary least squares --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OlsFit:
+    response: str
+    regressors: tuple[str, ...]
+    coefficients: tuple[float, ...]
+    std_errors: tuple[float, ...]
+    ci95: tuple[tuple[float, float], ...]
+    n: int
+    df_resid: int
+    r_squared: float
+    residual_std: float
+
+    def to_json(self) -> dict:
+        return {
+            "response": self.response,
+            "n": self.n,
+            "df_resid": self.df_resid,
+            "r_squared": self.r_squared,
+            "residual_std": self.residual_std,
+            "coefficients": [
+                {"name": name, "estimate": est, "std_error": se, "ci95_low": lo, "ci95_high": hi}
+                for name, est, se, (lo, hi) in zip(self.regressors, self.coefficients, self.std_errors, self.ci95)
+            ],
+        }
+
+    def coefficient(self, name: str) -> float:
+        return self.coefficients[self.regressors.index(name)]
+
+
+def ols(response: str, y, columns: dict) -> OlsFit | None:
+    """Fit y = X·β by least squares; ``columns`` maps regressor name -> values (include the intercept).
+
+    Rows with a missing value anywhere are dropped. Returns None when there are not more rows than
+    regressors or the design is rank deficient. CIs are β ± t(0.975, n−p)·se with
+    se = sqrt(diag(σ²(XᵀX)⁻¹)), σ² = RSS/(n−p).
+    """
+    import numpy as np
+
+    names = tuple(columns)
+    rows = [i for i in range(len(y)) if y[i] is not None and all(columns[c][i] is not None for c in names)]
+    n, p = len(rows), len(names)
+    if n <= p:
+        return None
+    X = np.array([[columns[c][i] for c in names] for i in rows], dtype=float)
+    Y = np.array([y[i] for i in rows], dtype=float)
+    if np.linalg.matrix_rank(X) < p:
+        return None
+    beta, _, _, _ = np.linalg.lstsq(X, Y, rcond=None)
+    resid = Y - X @ beta
+    df = n - p
+    rss = float(resid @ resid)
+    sigma2 = rss / df
+    cov = sigma2 * np.linalg.inv(X.T @ X)
+    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    t = t_quantile(0.975, df)
+    tss = float(((Y - Y.mean()) ** 2).sum())
+    r2 = 1.0 - rss / tss if tss > 0 else 1.0
+    return OlsFit(response, names, tuple(map(float, beta)), tuple(map(float, se)),
+                  tuple((float(b - t * s), float(b + t * s)) for b, s in zip(beta, se)),
+                  n, df, r2, math.sqrt(sigma2))
+
+
+# --- bootstrap ----------------------------------------------------------------------------------------
+
+class Resampler:
+    """Bootstrap resampling weights, shared by every metric of one comparison (a joint bootstrap).
+
+    A draw of n indices with replacement is the same as multinomial counts over n items, so the
+    20,000 resampled means are one matrix product ``counts @ values / n``. Seeded with numpy's
+    default_rng. Example::
+
+        >>> r = Resampler(seed=1)
+        >>> r.paired([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])["estimate"]
+        0.5
+    """
+
+    def __init__(self, draws: int = BOOTSTRAP_DRAWS, seed: int = BOOTSTRAP_SEED):
+        self.draws, self.seed = draws, seed
+        self._counts: dict = {}
+
+    def _weights(self, n: int, stream: int):
+        import numpy as np
+
+        key = (n, stream)
+        if key not in self._counts:
+            rng = np.random.default_rng([self.seed, stream, n])
+            self._counts[key] = rng.multinomial(n, np.full(n, 1.0 / n), size=self.draws).astype(float)
+        return self._counts[key]
+
+    def _summary(self, estimate: float, means, method: str, n: tuple) -> dict:
+        import numpy as np
+
+        lo, hi = np.percentile(means, [2.5, 97.5])
+        return {"estimate": estimate, "ci95_low": float(lo), "ci95_high": float(hi), "draws": self.draws,
+                "seed": self.seed, "method": method, "n": list(n)}
+
+    def paired(self, reference, other) -> dict | None:
+        """Mean of (other − reference) over aligned steps; pairs with a missing side are dropped."""
+        import numpy as np
+
+        diffs = [b - a for a, b in zip(reference, other) if a is not None and b is not None]
+        if len(diffs) < 2:
+            return None
+        d = np.asarray(diffs, dtype=float)
+        means = self._weights(len(d), 0) @ d / len(d)
+        return self._summary(exact_mean(diffs), means, "paired", (len(d),))
+
+    def unpaired(self, reference, other) -> dict | None:
+        """mean(other) − mean(reference), each arm resampled independently."""
+        import numpy as np
+
+        a = np.asarray([v for v in reference if v is not None], dtype=float)
+        b = np.asarray([v for v in other if v is not None], dtype=float)
+        if len(a) < 2 or len(b) < 2:
+            return None
+        means = self._weights(len(b), 2) @ b / len(b) - self._weights(len(a), 1) @ a / len(a)
+        return self._summary(exact_mean(b.tolist()) - exact_mean(a.tolist()), means, "unpaired", (len(a), len(b)))

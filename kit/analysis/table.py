@@ -1,0 +1,193 @@
+"""One reader for runs: a run directory or a bare VIME log becomes an :class:`ArmLog`.
+
+A run directory holds ``run.log`` and, when the kit wrote it, ``manifest.json`` (arm name, global
+batch size, maximum response length, seeds). A bare log file stands alone: the arm name is the file
+stem unless ``name`` overrides it, and the global batch size comes from ``train/global_batch_size``
+in the step records. Example::
+
+    arm = load_arm(Path("runs/g10-s1234"))          # run dir
+    arm = load_arm(Path("G11.log"), name="strict")  # bare log
+    arm.steps[0].value("perf/step_time")
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.errors import BadInput
+from kit.vime.records import (
+    RecordConflict,
+    StepRecords,
+    collect_steps,
+    generation_progress_seconds,
+    is_finite_number,
+    parse_records,
+)
+
+RUN_LOG = "run.log"
+MANIFEST = "manifest.json"
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class ArmLog:
+    """The per-step records of one run plus what its manifest says about it."""
+
+    name: str
+    log_path: Path
+    run_dir: Path | None
+    manifest: dict | None
+    global_batch_size: int
+    global_batch_size_origin: str
+    max_response_len: int | None
+    steps: dict[int, StepRecords]
+    # finished tqdm generation bars, one per step in step order, when the log has a usable set
+    progress_seconds: tuple[int, ...] | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def step_indices(self) -> tuple[int, ...]:
+        return tuple(self.steps)
+
+    @property
+    def is_bare_log(self) -> bool:
+        return self.manifest is None
+
+    def values(self, key: str) -> list:
+        """The key's value at every step, None where absent or not a finite number."""
+        out = []
+        for rec in self.steps.values():
+            v = rec.value(key)
+            out.append(float(v) if is_finite_number(v) else None)
+        return out
+
+
+def manifest_arm(manifest: dict) -> dict:
+    """The arm document a run manifest embeds (``manifest["arm"]``), or the manifest itself."""
+    arm = manifest.get("arm")
+    return arm if isinstance(arm, dict) else manifest
+
+
+def manifest_name(manifest: dict) -> str | None:
+    arm = manifest_arm(manifest)
+    for holder, key in ((arm, "name"), (manifest, "arm_name"), (manifest, "group")):
+        if isinstance(holder.get(key), str):
+            return holder[key]
+    if isinstance(manifest.get("arm"), str):
+        return manifest["arm"]
+    return None
+
+
+def manifest_workload(manifest: dict) -> dict:
+    workload = manifest_arm(manifest).get("workload")
+    if not isinstance(workload, dict):
+        workload = manifest.get("workload")
+    return workload if isinstance(workload, dict) else {}
+
+
+def _positive_int(value) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value > 0:
+        return value
+    if isinstance(value, float) and value.is_integer() and value > 0:
+        return int(value)
+    return None
+
+
+def _read_lines(path: Path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            yield from fh
+    except IsADirectoryError:
+        raise BadInput(f"{path}: is a directory") from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def load_arm(path: Path | str, name: str | None = None, global_batch_size: int | None = None) -> ArmLog:
+    """Read a run directory or a bare log file into an ArmLog; BadInput names what is wrong."""
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"{path}: no such file or directory; expected a run directory or a VIME log file")
+    run_dir, manifest = None, None
+    if path.is_dir():
+        run_dir, log_path = path, path / RUN_LOG
+        if not log_path.is_file():
+            raise BadInput(f"{path}: a run directory must hold {RUN_LOG}")
+        if (path / MANIFEST).is_file():
+            from kit.documents import read_json_file
+
+            manifest = read_json_file(path / MANIFEST)
+            if not isinstance(manifest, dict):
+                raise BadInput(f"{path / MANIFEST}: expected a JSON object")
+    else:
+        log_path = path
+
+    if name is None:
+        name = manifest_name(manifest) if manifest else None
+        if name is None:
+            name = path.name if run_dir else path.stem
+    if not NAME_RE.match(name):
+        raise BadInput(f"{path}: arm name {name!r} must match [A-Za-z0-9][A-Za-z0-9._-]* (use --name)")
+
+    lines = list(_read_lines(log_path))
+    try:
+        steps = collect_steps(parse_records(lines))
+    except RecordConflict as exc:
+        raise BadInput(f"{log_path}: {exc}") from None
+    if not steps:
+        raise BadInput(f"{log_path}: no VIME records (lines like \"step 0: {{'train/loss': ...}}\")")
+
+    workload = manifest_workload(manifest) if manifest else {}
+    gbs, origin = _global_batch_size(log_path, steps, workload, global_batch_size)
+    max_len = _positive_int(workload.get("max_response_len"))
+    notes = []
+    progress = generation_progress_seconds(lines)
+    per_step = _progress_per_step(progress, len(steps))
+    if progress and per_step is None:
+        notes.append(f"{len(progress)} finished 'Rollout generation' bars for {len(steps)} steps; "
+                     "progress times not used")
+    return ArmLog(name, log_path, run_dir, manifest, gbs, origin, max_len, steps, per_step, tuple(notes))
+
+
+def _global_batch_size(log_path, steps, workload, override) -> tuple[int, str]:
+    logged = {_positive_int(s.value("train/global_batch_size")) for s in steps.values()} - {None}
+    if len(logged) > 1:
+        raise BadInput(f"{log_path}: train/global_batch_size changes between steps ({sorted(logged)})")
+    from_log = next(iter(logged), None)
+    from_manifest = _positive_int(workload.get("global_batch_size"))
+    if override is not None:
+        return override, "--global-batch-size"
+    if from_manifest and from_log and from_manifest != from_log:
+        raise BadInput(f"{log_path}: the manifest says workload.global_batch_size={from_manifest}, "
+                       f"the log says train/global_batch_size={from_log}")
+    if from_manifest:
+        return from_manifest, "manifest workload.global_batch_size"
+    if from_log:
+        return from_log, "train/global_batch_size in the log"
+    raise BadInput(f"{log_path}: the global batch size (samples per step) is unknown: no manifest.json "
+                   "with workload.global_batch_size and no train/global_batch_size in the step records; "
+                   "pass --global-batch-size N")
+
+
+def _progress_per_step(progress: list[int], n_steps: int) -> tuple[int, ...] | None:
+    # VIME prints each finished bar once or twice (the pair must agree); anything else is unusable
+    if len(progress) == n_steps:
+        return tuple(progress)
+    if len(progress) == 2 * n_steps and all(progress[2 * i] == progress[2 * i + 1] for i in range(n_steps)):
+        return tuple(progress[0::2])
+    return None
+
+
+def load_arms(paths, names=None, global_batch_size=None) -> list[ArmLog]:
+    """Load several runs; names must be unique (``--name`` may rename them in order)."""
+    names = list(names or [])
+    if len(names) > len(paths):
+        raise BadInput(f"--name given {len(names)} times for {len(paths)} runs")
+    arms = [load_arm(p, names[i] if i < len(names) else None, global_batch_size) for i, p in enumerate(paths)]
+    return arms
+
+
