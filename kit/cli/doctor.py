@@ -1,0 +1,46 @@
+"""`kit doctor`: preflight the host for an arm; prints PASS/FAIL/SKIP per check, exit 1 on any FAIL."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from kit.errors import CheckFailed
+
+
+@click.command(name="doctor")
+@click.option("--arm", "arm_name", metavar="A", help="Arm from manifests/ to check the host against.")
+@click.option("--workspace", type=click.Path(file_okay=False, path_type=Path), envvar="KIT_WORKSPACE",
+              help="Workspace with the prepared inputs (default: env KIT_WORKSPACE).")
+@click.option("--ray-address", envvar="RAY_ADDRESS", metavar="URL",
+              help="Ray dashboard/Jobs API address of an existing cluster (default: env RAY_ADDRESS).")
+@click.option("--json", "as_json", is_flag=True, help="Print the rlk-kit/doctor/v1 document.")
+def command(arm_name, workspace, ray_address, as_json):
+    """Check the Docker engine, GPU runtime and GPUs, /dev/shm, disk, Ray, the arm's image and inputs.
+
+    Each check prints `PASS|FAIL|SKIP <name>: <reason>`. Exit 1 if any check FAILs, else 0.
+
+    \b
+    Examples:
+      kit doctor --arm smoke
+      kit doctor --arm G10 --workspace /data/ws --ray-address http://127.0.0.1:8265
+      kit doctor --arm G10 --json | jq '.checks[] | select(.status=="FAIL")'
+    """
+    from kit.doctor import Context, load_arm, run_doctor
+    from kit.documents import require_valid
+
+    arm = load_arm(arm_name) if arm_name else None
+    report = run_doctor(Context(arm=arm, workspace=workspace, ray_address=ray_address or None))
+    if as_json:
+        doc = require_valid(report.to_json(), "doctor report", "rlk-kit/doctor/v1")
+        click.echo(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False))
+    else:
+        for check in report.checks:
+            click.echo(check.line())
+        click.echo(f"doctor: {'PASS' if report.passed else 'FAIL'}")
+    if not report.passed:
+        failed = [c.name for c in report.checks if c.status == "FAIL"]
+        raise CheckFailed(f"doctor: {len(failed)} check(s) failed: {', '.join(failed)}")

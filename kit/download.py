@@ -1,0 +1,184 @@
+"""Resumable HTTP download with a progress bar and checksum verification (urllib only).
+
+The bytes go to ``<dest>.partial``; an interrupted download keeps it, and the next call asks the
+server for the rest with an HTTP ``Range`` request. Only a complete file whose sha256 matched is
+renamed to ``dest``, so ``dest`` existing means "complete and verified". Example::
+
+    got = download(URL, Path("ws/downloads/dapo.parquet"), expected_sha256=None, progress=sys.stderr)
+    got.sha256, got.checksum_source      # '...', 'server' (Hugging Face sends the LFS sha256)
+
+Where does the expected checksum come from? The caller's ``expected_sha256`` when given; otherwise
+a 64-hex ``X-Linked-ETag``/``ETag`` header, which is how the Hugging Face hub publishes the sha256
+of LFS files. Without either, the download is still size-checked against Content-Length, and the
+result says ``checksum_source: None``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from http.client import HTTPException
+from pathlib import Path
+from typing import TextIO
+
+from kit import __version__
+from kit.errors import BadInput
+from kit.inputs import sha256_stream
+
+CHUNK = 1 << 20
+SHA256_RE = re.compile(r'^(?:W/)?"?([0-9a-f]{64})"?$')
+CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+
+
+@dataclass(frozen=True)
+class Download:
+    url: str
+    path: Path
+    sha256: str
+    size: int
+    resumed_from: int            # bytes already present in the .partial file when this call started
+    expected_sha256: str | None
+    checksum_source: str | None  # "caller", "server" or None (size-checked only)
+
+
+def partial_path(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".partial")
+
+
+def server_sha256(headers) -> str | None:
+    """The sha256 a server states for the whole file, if it states one (Hugging Face LFS ETags)."""
+    for name in ("X-Linked-ETag", "ETag"):
+        value = headers.get(name)
+        if value:
+            m = SHA256_RE.match(value.strip())
+            if m:
+                return m.group(1)
+    return None
+
+
+def download(
+    url: str,
+    dest: Path | str,
+    *,
+    expected_sha256: str | None = None,
+    progress: TextIO | None = None,
+    timeout: float = 60.0,
+) -> Download:
+    """Fetch ``url`` into ``dest``, resuming a previous ``.partial``; raise BadInput on any failure.
+
+    A truncated transfer keeps the partial file (run again to resume); a checksum mismatch deletes it,
+    because resuming a corrupt prefix would never converge.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = partial_path(dest)
+    offset = partial.stat().st_size if partial.is_file() else 0
+
+    response = _open(url, offset, timeout)
+    if response is None:  # 416: the partial already holds every byte the server has
+        stated, total = None, offset
+    else:
+        with response:
+            status = getattr(response, "status", 200)
+            if offset and status != 206:
+                offset = 0  # the server ignored Range: start over rather than append a second copy
+            elif status == 206:
+                m = CONTENT_RANGE_RE.match(response.headers.get("Content-Range", ""))
+                if not m or int(m.group(1)) != offset:
+                    raise BadInput(f"{url}: server answered the resume request with Content-Range "
+                                   f"{response.headers.get('Content-Range')!r}, expected bytes {offset}-...")
+            length = response.headers.get("Content-Length")
+            total = offset + int(length) if length and length.isdigit() else None
+            stated = server_sha256(response.headers)
+            _copy(response, partial, offset, total, url, progress)
+
+    size = partial.stat().st_size
+    if total is not None and size != total:
+        raise BadInput(f"{url}: download truncated at {size} of {total} bytes; "
+                       f"{partial} is kept, run the command again to resume")
+    expected, source = (expected_sha256, "caller") if expected_sha256 else (stated, "server" if stated else None)
+    with open(partial, "rb") as fh:
+        digest = sha256_stream(fh)
+    if expected and digest != expected:
+        partial.unlink(missing_ok=True)
+        raise BadInput(f"{url}: checksum mismatch: sha256 {digest}, expected {expected} "
+                       f"({'given' if source == 'caller' else 'stated by the server'}); the download was removed")
+    os.replace(partial, dest)
+    return Download(url, dest, digest, size, offset, expected, source)
+
+
+def _open(url: str, offset: int, timeout: float):
+    headers = {"User-Agent": f"rlk-kit/{__version__}"}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416 and offset:
+            m = re.match(r"^bytes \*/(\d+)$", exc.headers.get("Content-Range", "") or "")
+            if m and int(m.group(1)) == offset:
+                return None
+        raise BadInput(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, HTTPException, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise BadInput(f"{url}: cannot download ({reason})") from None
+
+
+def _copy(response, partial: Path, offset: int, total: int | None, url: str, progress: TextIO | None) -> None:
+    bar = _Progress(progress, offset, total)
+    mode = "ab" if offset else "wb"
+    try:
+        with open(partial, mode) as out:
+            while True:
+                block = response.read(CHUNK)
+                if not block:
+                    break
+                out.write(block)
+                bar.advance(len(block))
+    except (HTTPException, OSError) as exc:
+        # IncompleteRead, a reset connection or a timeout: what arrived is kept for the resume.
+        bar.finish()
+        have = partial.stat().st_size if partial.exists() else 0
+        raise BadInput(f"{url}: download interrupted at {have} bytes ({type(exc).__name__}); "
+                       f"{partial} is kept, run the command again to resume") from None
+    bar.finish()
+
+
+class _Progress:
+    """``  12.0 MiB / 40.0 MiB  30%  5.1 MiB/s`` on one line of stderr, at most ten updates a second."""
+
+    def __init__(self, stream: TextIO | None, done: int, total: int | None):
+        self.stream, self.done, self.total = stream, done, total
+        self.start_bytes, self.t0, self.last = done, time.monotonic(), 0.0
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.stream is not None and now - self.last >= 0.1:
+            self.last = now
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        mib = 1 << 20
+        rate = (self.done - self.start_bytes) / max(now - self.t0, 1e-6) / mib
+        if self.total:
+            pct = 100.0 * self.done / self.total
+            width = 30
+            fill = int(width * self.done / self.total)
+            text = (f"\r[{'#' * fill}{'.' * (width - fill)}] {self.done / mib:8.1f} / {self.total / mib:.1f} MiB "
+                    f"{pct:5.1f}%  {rate:6.1f} MiB/s")
+        else:
+            text = f"\r{self.done / mib:8.1f} MiB  {rate:6.1f} MiB/s"
+        self.stream.write(text)
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self.stream is not None:
+            self._draw(time.monotonic())
+            self.stream.write("\n")
+            self.stream.flush()
