@@ -118,25 +118,29 @@ class StackResolutionError(Exception):
         self.pointer = pointer
 
 
-def resolve_stack_document(doc: dict, lookup: Callable[[str], dict | None]) -> dict:
-    """Follow ``extends`` through ``lookup(name) -> raw document`` and return the resolved document."""
-    chain = [doc]
-    seen = {doc.get("name")}
-    current = doc
-    while "extends" in current:
-        parent_name = current["extends"]
-        if parent_name in seen:
-            raise StackResolutionError("/extends", f"stack inheritance loop through {parent_name!r}")
+def resolve_stack_document(doc: dict, lookup: Callable[[str], dict | None], _seen: tuple = ()) -> dict:
+    """Follow ``extends`` (one name or an ordered list of layers) through ``lookup(name) -> raw document``.
+
+    Layers apply left to right, then the document itself: later values win.
+    """
+    name = doc.get("name")
+    if name in _seen:
+        raise StackResolutionError("/extends", f"stack inheritance loop through {name!r}")
+    parents = doc.get("extends", [])
+    parents = [parents] if isinstance(parents, str) else list(parents)
+    resolved: dict = {}
+    for i, parent_name in enumerate(parents):
         parent = lookup(parent_name)
         if parent is None:
-            raise StackResolutionError("/extends", f"extends unknown stack {parent_name!r}")
-        seen.add(parent_name)
-        chain.append(parent)
-        current = parent
-    resolved: dict = {}
-    for layer in reversed(chain):
-        resolved = merge_stack(resolved, layer) if resolved else {k: copy.deepcopy(v) for k, v in layer.items() if k != "extends"}
+            pointer = "/extends" if isinstance(doc.get("extends"), str) else f"/extends/{i}"
+            raise StackResolutionError(pointer, f"extends unknown stack {parent_name!r}")
+        layer = resolve_stack_document(parent, lookup, _seen + (name,))
+        layer.pop("abstract", None)
+        resolved = merge_stack(resolved, layer) if resolved else layer
+    own = {k: copy.deepcopy(v) for k, v in doc.items() if k != "extends"}
+    resolved = merge_stack(resolved, own) if resolved else own
     resolved["name"] = doc["name"]
+    resolved.pop("description", None)
     if "description" in doc:
         resolved["description"] = doc["description"]
     if not doc.get("abstract"):
@@ -147,7 +151,7 @@ def resolve_stack_document(doc: dict, lookup: Callable[[str], dict | None]) -> d
 def stack_rule_problems(resolved: dict) -> list[tuple[str, str]]:
     """Semantic rules over a resolved stack, as (JSON pointer, message)."""
     problems = [(p, m) for p, m in schema_problems(resolved, "stack")]
-    if problems:
+    if problems or resolved.get("abstract"):
         return problems
     names = [s["name"] for s in resolved["sources"]]
     for i, name in enumerate(names):

@@ -69,6 +69,8 @@ def _stack_rules(path: Path, doc: dict) -> tuple[list, list]:
     problems = stack_rule_problems(resolved)
     if problems:
         return [(p, f"(resolved through extends) {m}" if "extends" in doc else m) for p, m in problems], []
+    if resolved.get("abstract"):
+        return [], ["abstract layer: other stacks extend it; arms cannot reference it"]
     stack = Stack(doc["name"], resolved, str(path))
     notes = [f"unpinned input: {u}" for u in stack.unpinned_inputs()]
     for source in resolved["sources"]:
