@@ -1,0 +1,228 @@
+"""Figures of ``kit analyze``: PNG and PDF with matplotlib's Agg backend, imported when drawing.
+
+Every figure carries the comparability headline in its subtitle, so a figure that leaves the report
+still says whether the arms were a controlled comparison. Example::
+
+    written = perf_figures(report, Path("out"))   # ['performance-decomposition.png', ...]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DPI = 160
+MOVING_AVERAGE = 10
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out_dir: Path, stem: str, subtitle: str) -> list[str]:
+    if subtitle.startswith("NOT"):
+        fig.text(0.005, 0.995, "descriptive, not causal: not a controlled comparison", ha="left", va="top",
+                 fontsize=8, color="#b00020", weight="bold")
+    fig.text(0.5, 0.005, subtitle, ha="center", va="bottom", fontsize=7, wrap=True,
+             color="#b00020" if subtitle.startswith("NOT") else "#333333")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.97))
+    names = []
+    for ext in ("png", "pdf"):
+        # a fixed creation date keeps the PDF bytes reproducible
+        metadata = {"CreationDate": None} if ext == "pdf" else {"Software": None}
+        fig.savefig(out_dir / f"{stem}.{ext}", dpi=DPI, metadata=metadata)
+        names.append(f"{stem}.{ext}")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return names
+
+
+def moving_average(values, window: int = MOVING_AVERAGE):
+    """Trailing mean over up to ``window`` finite values; None before the first value."""
+    out, buf = [], []
+    for v in values:
+        if v is not None:
+            buf.append(v)
+            buf = buf[-window:]
+        out.append(sum(buf) / len(buf) if buf else None)
+    return out
+
+
+def _series(rows, arm, col):
+    pts = [(r["step"], r[col]) for r in rows if r["arm"] == arm and r[col] is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def perf_figures(report, out_dir: Path) -> list[str]:
+    plt = _pyplot()
+    from kit.analysis.perf import STAGES
+
+    subtitle = report.comparability.headline()
+    rows, arms = report.rows, report.arm_names
+    block = report.summary["subsets"]["all"]["arms"]
+    written = []
+
+    # decomposition stack: mean seconds per stage, one bar per arm
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    bottoms = [0.0] * len(arms)
+    for sid, label, col, _ in STAGES:
+        means = [block[a]["metrics"][col]["mean"] for a in arms]
+        if all(m is None for m in means):
+            continue
+        heights = [m or 0.0 for m in means]
+        ax.bar(arms, heights, bottom=bottoms, label=label)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    undivided = [block[a]["metrics"]["train_time_s"]["mean"] if block[a]["metrics"]["actor_train_time_s"]["mean"] is None
+                 else None for a in arms]
+    if any(u is not None for u in undivided):
+        heights = [u or 0.0 for u in undivided]
+        ax.bar(arms, heights, bottom=bottoms, label="training (actor/residual not logged)", hatch="//")
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    for i, a in enumerate(arms):
+        st = block[a]["metrics"]["step_time_s"]["mean"]
+        if st is not None:
+            ax.annotate(f"step {st:.2f} s", (i, bottoms[i]), ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("mean seconds per step")
+    ax.set_title("Step time decomposition")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    written += _save(fig, out_dir, "performance-decomposition", subtitle)
+
+    # length-controlled scaling: time vs tokens, OLS lines with a common slope and arm shifts
+    panels = [("rollout_time_s", "response_tokens_total", "response_ktokens", "rollout time (s)")]
+    actor_known = any(r["actor_train_time_s"] is not None and r["total_tokens_total"] is not None for r in rows)
+    panels.append(("actor_train_time_s", "total_tokens_total", "total_ktokens", "actor train time (s)") if actor_known
+                  else ("step_time_s", "response_tokens_total", "response_ktokens", "step time (s)"))
+    fits = {(f["response"], f["coefficients"][1]["name"]): f for f in report.summary["regressions"]}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, (ycol, xcol, xname, ylabel) in zip(axes, panels):
+        fit = fits.get((ycol, xname))
+        for a in arms:
+            pts = [(r[xcol] / 1e3, r[ycol]) for r in rows if r["arm"] == a and r[xcol] is not None and r[ycol] is not None]
+            if not pts:
+                continue
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=8, alpha=0.5, label=a)
+            if fit:
+                coef = {c["name"]: c["estimate"] for c in fit["coefficients"]}
+                xs = [min(p[0] for p in pts), max(p[0] for p in pts)]
+                shift = coef.get(f"arm[{a}]", 0.0)
+                ax.plot(xs, [coef["intercept"] + shift + coef[xname] * x for x in xs], lw=1.5)
+        ax.set_xlabel(f"{xname.replace('_ktokens', '')} tokens per step (thousands)")
+        ax.set_ylabel(ylabel)
+        if fit and len(arms) > 1:
+            gaps = ", ".join(f"{c['name']}: {c['estimate']:+.2f} s [{c['ci95_low']:+.2f}, {c['ci95_high']:+.2f}]"
+                             for c in fit["coefficients"][2:])
+            ax.set_title(f"OLS, common slope; gap at equal tokens {gaps}", fontsize=8)
+        ax.legend(fontsize=7)
+    written += _save(fig, out_dir, "length-controlled-scaling", subtitle)
+
+    # stage time series with a trailing moving average
+    cols = [("rollout_time_s", "rollout generation (s)"),
+            ("actor_train_time_s" if actor_known else "train_time_s",
+             "actor training (s)" if actor_known else "training (s)"),
+            ("step_time_s", "step time (s)")]
+    fig, axes = plt.subplots(len(cols), 1, figsize=(10, 8), sharex=True)
+    for ax, (col, label) in zip(axes, cols):
+        for a in arms:
+            xs, ys = _series(rows, a, col)
+            if not xs:
+                continue
+            line = ax.plot(xs, ys, lw=0.6, alpha=0.35)[0]
+            ax.plot(xs, moving_average(ys), lw=1.6, color=line.get_color(), label=f"{a} ({MOVING_AVERAGE}-step mean)")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+    axes[-1].set_xlabel("step")
+    axes[0].set_title("Stage times per step")
+    written += _save(fig, out_dir, "stage-time-series", subtitle)
+
+    # token-normalized throughput: mean per-step rates, with ratios to the reference arm
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, (col, label) in zip(axes, (("rollout_tok_per_gpu_s", "rollout tokens / GPU / s"),
+                                       ("actor_train_tok_s", "actor train tokens / s"))):
+        means = [block[a]["metrics"][col]["mean"] for a in arms]
+        ax.bar(arms, [m or 0.0 for m in means], color=[f"C{i}" for i in range(len(arms))])
+        ref = means[0]
+        for i, m in enumerate(means):
+            if m is not None:
+                text = f"{m:.1f}" + (f"\n{ref / m:.3f}× ({arms[0]}/{arms[i]})" if i and ref else "")
+                ax.annotate(text, (i, m), ha="center", va="bottom", fontsize=8)
+        ax.set_ylabel(label)
+        ax.set_title(label)
+    written += _save(fig, out_dir, "token-normalized-throughput", subtitle)
+    return written
+
+
+def _group_series(rounds, group, col):
+    # mean over runs of a group at each step
+    by_step: dict = {}
+    for r in rounds:
+        if r["group"] == group and r[col] is not None:
+            by_step.setdefault(r["step"], []).append(r[col])
+    steps = sorted(by_step)
+    return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
+
+
+def convergence_figures(report, out_dir: Path) -> list[str]:
+    plt = _pyplot()
+
+    subtitle = report.summary["comparison"]["headline"]
+    rounds = report.rounds
+    groups = list(dict.fromkeys(r["group"] for r in rounds))
+    written = []
+
+    def grid(stem, title, panels, shape, ma=()):
+        fig, axes = plt.subplots(*shape, figsize=(5 * shape[1], 3.6 * shape[0]), squeeze=False)
+        for ax, (col, label, scale) in zip(axes.flat, panels):
+            for g in groups:
+                xs, ys = (_group_series(rounds, g, col) if not callable(col) else col(g))
+                if not xs:
+                    continue
+                if col in ma:
+                    line = ax.plot(xs, ys, lw=0.6, alpha=0.35)[0]
+                    ax.plot(xs, moving_average(ys), lw=1.5, color=line.get_color(), label=f"{g} ({MOVING_AVERAGE}-step mean)")
+                else:
+                    ax.plot(xs, ys, lw=1.0, label=g)
+            if scale == "symlog":
+                ax.set_yscale("symlog", linthresh=1e-9)
+            elif scale == "symlog-count":
+                ax.set_yscale("symlog", linthresh=1.0)
+            ax.set_title(label, fontsize=9)
+            ax.set_xlabel("step")
+            ax.legend(fontsize=7)
+        fig.suptitle(title)
+        return _save(fig, out_dir, stem, subtitle)
+
+    written += grid("consistency", "Train/rollout log-prob consistency", [
+        ("mean_abs_dlogp", "mean |train logp − rollout logp|", "symlog"),
+        ("max_abs_dlogp", "max |train logp − rollout logp|", "symlog"),
+        (lambda g: _ratio_series(rounds, g), "mismatch rate (mismatch / active tokens)", "linear"),
+        ("mismatch_count", "bitwise mismatches per step", "symlog-count"),
+    ], (2, 2))
+    written += grid("learning", "Learning", [
+        ("raw_reward", "raw reward", "linear"), ("reward", "normalized reward", "linear"),
+        ("response_length", "mean response length (tokens)", "linear"),
+        ("truncated_ratio", "truncated ratio", "linear"),
+    ], (2, 2), ma=("raw_reward", "response_length"))
+    written += grid("optimization", "Optimization", [
+        ("train_loss", "loss", "symlog"), ("grad_norm", "grad norm", "symlog"),
+        ("ppo_kl", "PPO KL", "symlog"), ("pg_clipfrac", "clip fraction", "linear"),
+    ], (2, 2))
+    written += grid("performance", "Performance", [
+        ("step_time", "step time (s)", "linear"), ("rollout_time", "rollout time (s)", "linear"),
+        ("train_time", "train time (s)", "linear"), ("actor_tokens_per_second", "actor tokens / s", "linear"),
+    ], (2, 2), ma=("step_time", "rollout_time", "train_time", "actor_tokens_per_second"))
+    return written
+
+
+def _ratio_series(rounds, group):
+    by_step: dict = {}
+    for r in rounds:
+        if r["group"] == group and r["mismatch_count"] is not None and r["active_token_count"]:
+            m, t = by_step.get(r["step"], (0.0, 0.0))
+            by_step[r["step"]] = (m + r["mismatch_count"], t + r["active_token_count"])
+    steps = sorted(by_step)
+    return steps, [by_step[s][0] / by_step[s][1] for s in steps]

@@ -1,0 +1,197 @@
+"""``kit analyze perf`` and ``kit analyze convergence``: tables, statistics and figures of runs.
+
+Parsing and printing only; the analysis lives in kit.analysis.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+PERF_FILES = ("step-metrics.csv", "summary.csv", "summary.json")
+PERF_FIGURES = ("performance-decomposition", "length-controlled-scaling", "stage-time-series",
+                "token-normalized-throughput")
+CONVERGENCE_FILES = ("runs.csv", "rounds.csv", "summary.csv", "summary.json")
+CONVERGENCE_FIGURES = ("consistency", "learning", "optimization", "performance")
+
+
+def _figure_files(stems, figures: bool) -> tuple[str, ...]:
+    return tuple(f"{s}.{ext}" for s in stems for ext in ("png", "pdf")) if figures else ()
+
+
+def _load(paths, names, global_batch_size):
+    from kit.analysis.table import load_arms
+
+    return load_arms([Path(p) for p in paths], names, global_batch_size)
+
+
+@click.group("analyze")
+def command():
+    """Performance decomposition, statistics, convergence tables and figures.
+
+    \b
+    Inputs are run directories (run.log + manifest.json) or bare VIME logs
+    (arm name = file stem; --name overrides, once per input in order).
+
+    \b
+    Examples:
+      kit analyze perf runs/g10-s1234 runs/g11-s1234 --out report/perf
+      kit analyze perf G10.log G11.log --out report/perf --steady-from 1 --json
+      kit analyze convergence runs/g10-s1234 runs/g11-s1234 --out report/convergence
+    """
+
+
+_common = [
+    click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+                 help="Output directory; created if missing. Existing files are never overwritten."),
+    click.option("--name", "names", multiple=True, metavar="NAME",
+                 help="Arm name for each input, in order (default: manifest arm name, else run dir name / file stem)."),
+    click.option("--global-batch-size", type=click.IntRange(min=1), default=None,
+                 help="Samples per step when neither the manifest nor the log records it."),
+    click.option("--figures/--no-figures", default=True, show_default=True, help="Render PNG and PDF figures."),
+    click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout."),
+]
+
+
+def _options(fn):
+    for opt in reversed(_common):
+        fn = opt(fn)
+    return fn
+
+
+@command.command("perf")
+@click.argument("runs", nargs=-1, required=True, metavar="RUN_OR_LOG...")
+@_options
+@click.option("--paired/--unpaired", "paired", default=None,
+              help="Force the bootstrap pairing; default: paired when all arms share step indices.")
+@click.option("--steady-from", type=click.IntRange(min=0), default=1, show_default=True,
+              help="First step of the steady-state subset (steps >= K).")
+@click.option("--draws", type=click.IntRange(min=100), default=20_000, show_default=True, help="Bootstrap draws.")
+@click.option("--seed", type=click.IntRange(min=0), default=1234, show_default=True, help="Bootstrap seed.")
+def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, steady_from, draws, seed):
+    """Per-step stage decomposition, throughput, OLS and bootstrap CIs of arm differences.
+
+    \b
+    The first input is the reference arm; others are compared with it.
+    Unless kit compare finds the run manifests a controlled comparison,
+    every difference is labelled "descriptive, not causal".
+    \b
+    Example:
+      kit analyze perf runs/g10 runs/g11 --out report/perf --unpaired
+    """
+    from kit.analysis.output import publish, refuse_existing, write_csv, write_json
+    from kit.analysis.perf import COLUMNS, SUMMARY_CSV_COLUMNS, analyze_perf
+
+    files = PERF_FILES + _figure_files(PERF_FIGURES, figures)
+    refuse_existing(out_dir, files)
+    arms = _load(runs, names, global_batch_size)
+    pairing = "auto" if paired is None else ("paired" if paired else "unpaired")
+    report = analyze_perf(arms, steady_from=steady_from, pairing=pairing, draws=draws, seed=seed)
+
+    def produce(tmp: Path) -> list[str]:
+        written = [write_csv(tmp / "step-metrics.csv", COLUMNS, report.rows),
+                   write_csv(tmp / "summary.csv", SUMMARY_CSV_COLUMNS, report.summary_rows),
+                   write_json(tmp / "summary.json", report.summary, "rlk-kit/analysis-perf/v1")]
+        if figures:
+            from kit.analysis.plots import perf_figures
+
+            written += perf_figures(report, tmp)
+        return written
+
+    paths = publish(out_dir, produce)
+    if as_json:
+        click.echo(json.dumps(report.summary, indent=2, sort_keys=True))
+        return
+    click.echo(_perf_text(report))
+    click.echo(f"wrote {len(paths)} files to {out_dir}")
+
+
+def _fmt(v, spec=".3f"):
+    return "-" if v is None else format(v, spec)
+
+
+def _perf_text(report) -> str:
+    s = report.summary
+    lines = [s["comparison"]["headline"], ""]
+    block = s["subsets"]["all"]
+    lines.append(f"{'arm':<16}{'steps':>6}{'step s':>10}{'rollout s':>11}{'update s':>10}{'wait res s':>11}"
+                 f"{'train s':>9}{'rollout tok/GPU/s':>19}{'actor tok/s':>13}")
+    for arm in s["arms"]:
+        m = block["arms"][arm["name"]]["metrics"]
+        lines.append(f"{arm['name']:<16}{arm['steps']:>6}{_fmt(m['step_time_s']['mean']):>10}"
+                     f"{_fmt(m['rollout_time_s']['mean']):>11}{_fmt(m['update_weights_time_s']['mean']):>10}"
+                     f"{_fmt(m['wait_residual_time_s']['mean']):>11}{_fmt(m['train_time_s']['mean']):>9}"
+                     f"{_fmt(m['rollout_tok_per_gpu_s']['mean'], '.1f'):>19}{_fmt(m['actor_train_tok_s']['mean'], '.1f'):>13}")
+    for comp in block["comparisons"]:
+        lines.append("")
+        lines.append(f"{comp['other']} − {comp['reference']} ({comp['label']}; {comp['bootstrap_method']} bootstrap, "
+                     f"{s['settings']['bootstrap']['draws']} draws):")
+        for metric in ("step_time_s", "rollout_time_s", "actor_train_time_s", "train_time_s"):
+            m = comp["metrics"].get(metric)
+            if m and m["bootstrap"]:
+                b = m["bootstrap"]
+                lines.append(f"  {metric:<22}{m['difference']:+10.3f}  95% CI [{b['ci95_low']:+.3f}, {b['ci95_high']:+.3f}]")
+    for sp in s["speedups"]:
+        lines.append(f"  end-to-end {sp['other']}/{sp['reference']} step time ratio "
+                     f"{_fmt(sp['end_to_end_other_over_reference'], '.4f')} ({sp['label']})")
+    for arm in s["arms"]:
+        if arm["missing_log_keys"]:
+            lines.append(f"note: {arm['name']} logs no {', '.join(arm['missing_log_keys'])}; those columns are empty")
+    return "\n".join(lines)
+
+
+@command.command("convergence")
+@click.argument("runs", nargs=-1, required=True, metavar="RUN...")
+@_options
+@click.option("--phase", default=None, help="Phase label for every run (default: name of the run's parent directory).")
+def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase):
+    """runs.csv, rounds.csv (29 columns), per-arm summaries and convergence figures.
+
+    \b
+    Several runs of one arm (same name) are summarised together.
+    Mismatch and active-token counts are VIME's per-sample means × the global batch size.
+    \b
+    Example:
+      kit analyze convergence runs/g10 runs/g11 --out report/convergence
+    """
+    from kit.analysis.convergence import ROUNDS_COLUMNS, RUNS_COLUMNS, SUMMARY_FIELDS, analyze_convergence
+    from kit.analysis.output import publish, refuse_existing, write_csv, write_json
+
+    files = CONVERGENCE_FILES + _figure_files(CONVERGENCE_FIGURES, figures)
+    refuse_existing(out_dir, files)
+    arms = _load(runs, names, global_batch_size)
+    report = analyze_convergence(arms, phase)
+    comparison = report.summary["comparison"]
+
+    def produce(tmp: Path) -> list[str]:
+        rows = [{**row, "comparison": comparison["label"] if comparison["applicable"] else "single arm"}
+                for row in report.summary["summaries"]]
+        written = [write_csv(tmp / "runs.csv", RUNS_COLUMNS, report.runs),
+                   write_csv(tmp / "rounds.csv", ROUNDS_COLUMNS, report.rounds),
+                   write_csv(tmp / "summary.csv", SUMMARY_FIELDS + ("comparison",), rows),
+                   write_json(tmp / "summary.json", report.summary, "rlk-kit/analysis-convergence/v1")]
+        if figures:
+            from kit.analysis.plots import convergence_figures
+
+            written += convergence_figures(report, tmp)
+        return written
+
+    paths = publish(out_dir, produce)
+    if as_json:
+        click.echo(json.dumps(report.summary, indent=2, sort_keys=True))
+        return
+    lines = [comparison["headline"], "",
+             f"{'group':<16}{'runs':>5}{'rounds':>7}{'tokens':>12}{'mismatches':>12}{'rate':>9}"
+             f"{'max|dlogp|':>12}{'raw reward':>11}{'step s':>9}"]
+    for sm in report.summary["summaries"]:
+        lines.append(f"{sm['group']:<16}{sm['run_count']:>5}{sm['round_count']:>7}{_fmt(sm['active_token_exposure'], '.0f'):>12}"
+                     f"{_fmt(sm['bitwise_mismatch_count'], '.0f'):>12}{_fmt(sm['bitwise_mismatch_rate'], '.4f'):>9}"
+                     f"{_fmt(sm['max_abs_dlogp'], '.4g'):>12}{_fmt(sm['raw_reward_mean'], '.4f'):>11}"
+                     f"{_fmt(sm['step_time_mean'], '.2f'):>9}")
+    click.echo("\n".join(lines))
+    click.echo(f"wrote {len(paths)} files to {out_dir}")
+
+
