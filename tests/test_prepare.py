@@ -1,0 +1,300 @@
+"""`kit prepare`: DAPO parquet -> JSONL, provenance, model hashing, conversion command and refusals.
+
+Everything runs offline on a parquet and a model directory made here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kit.cli import cli
+from kit.documents import schema_problems
+from kit.errors import BadInput, CheckFailed
+from kit.inputs import HashCache, hash_file_cached, hash_tree, tree_sha256
+from kit.prepare import (
+    PUBLISHED_OUTPUT_SHA256,
+    PUBLISHED_URL,
+    Workspace,
+    conversion_command,
+    expected_output_sha256,
+    prepare_dataset,
+    prepare_model,
+)
+
+PROMPT_TYPE = pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))
+REWARD_TYPE = pa.struct([("ground_truth", pa.string()), ("style", pa.string())])
+EXTRA_TYPE = pa.struct([("index", pa.string())])
+
+
+def rows():
+    return [
+        {"data_source": "math_dapo", "prompt": [{"content": "Solve 1+1.", "role": "user"}], "ability": "MATH",
+         "reward_model": {"ground_truth": "2", "style": "rule-lighteval/MATH_v2"}, "extra_info": {"index": "a-1"}},
+        {"data_source": "math_dapo", "prompt": [{"content": "Évaluez ∫₀¹ x² dx — 数学 🚀", "role": "user"}],
+         "ability": "MATH", "reward_model": {"ground_truth": "1/3", "style": "rule"},
+         "extra_info": {"index": "b-2"}},
+        # a duplicate of a-1 with different text: the first occurrence must win
+        {"data_source": "other", "prompt": [{"content": "DUPLICATE", "role": "user"}], "ability": "MATH",
+         "reward_model": {"ground_truth": "999", "style": "rule"}, "extra_info": {"index": "a-1"}},
+        {"data_source": "math_dapo", "prompt": [{"content": "Say \"hi\"\n", "role": "user"}], "ability": "MATH",
+         "reward_model": {"ground_truth": "hi", "style": None}, "extra_info": {"index": "c-3"}},
+    ]
+
+
+def write_parquet(path: Path, data=None, *, drop: str | None = None) -> Path:
+    data = rows() if data is None else data
+    columns = {
+        "data_source": pa.array([r["data_source"] for r in data], pa.string()),
+        "prompt": pa.array([r["prompt"] for r in data], PROMPT_TYPE),
+        "ability": pa.array([r["ability"] for r in data], pa.string()),
+        "reward_model": pa.array([r["reward_model"] for r in data], REWARD_TYPE),
+        "extra_info": pa.array([r["extra_info"] for r in data], EXTRA_TYPE),
+    }
+    if drop:
+        del columns[drop]
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+# The exact bytes, written out by hand: key order, compact separators, non-ASCII kept, first a-1 kept.
+EXPECTED_JSONL = (
+    '{"prompt":[{"content":"Solve 1+1.","role":"user"}],"label":"2","data_source":"math_dapo",'
+    '"ability":"MATH","source_index":"a-1","reward_style":"rule-lighteval/MATH_v2"}\n'
+    '{"prompt":[{"content":"Évaluez ∫₀¹ x² dx — 数学 🚀","role":"user"}],"label":"1/3",'
+    '"data_source":"math_dapo","ability":"MATH","source_index":"b-2","reward_style":"rule"}\n'
+    '{"prompt":[{"content":"Say \\"hi\\"\\n","role":"user"}],"label":"hi","data_source":"math_dapo",'
+    '"ability":"MATH","source_index":"c-3","reward_style":null}\n'
+)
+
+
+def run_kit(*args, env=None):
+    result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def leftovers(ws: Path) -> list[str]:
+    """Anything under data/ that is not a finished product: temp files, partials."""
+    data = ws / "data"
+    return sorted(p.name for p in data.iterdir() if p.name.startswith(".")) if data.exists() else []
+
+
+@pytest.fixture
+def parquet(tmp_path):
+    return write_parquet(tmp_path / "train.parquet")
+
+
+def test_conversion_bytes_and_provenance(tmp_path, parquet):
+    ws = tmp_path / "ws"
+    result = prepare_dataset(ws, source=str(parquet))
+    assert Workspace(ws).data.read_bytes() == EXPECTED_JSONL.encode("utf-8")
+    doc = result.document
+    assert schema_problems(doc, "rlk-kit/provenance/v1") == []
+    assert (doc["rows_read"], doc["rows_written"], doc["duplicates_removed"]) == (4, 3, 1)
+    assert doc["output_sha256"] == hashlib.sha256(EXPECTED_JSONL.encode()).hexdigest()
+    assert doc["source_sha256"] == hashlib.sha256(parquet.read_bytes()).hexdigest()
+    assert doc["source"] == str(parquet.resolve())
+    assert doc["expected_output_sha256"] is None and doc["accepted_new_hash"] is False
+    on_disk = json.loads(Workspace(ws).data_provenance.read_text())
+    assert on_disk == doc
+    assert leftovers(ws) == []
+
+
+def test_rerun_reuses_and_detects_changes(tmp_path, parquet):
+    ws = tmp_path / "ws"
+    first = prepare_dataset(ws, source=str(parquet))
+    again = prepare_dataset(ws, source=str(parquet))
+    assert again.reused and again.document == first.document
+    other = write_parquet(tmp_path / "other.parquet", rows()[:2])
+    with pytest.raises(BadInput, match="already prepared from"):
+        prepare_dataset(ws, source=str(other))
+    data = Workspace(ws).data
+    data.write_bytes(data.read_bytes().replace(b"1/3", b"1/4"))
+    with pytest.raises(CheckFailed, match="changed after preparation"):
+        prepare_dataset(ws, source=str(parquet))
+
+
+def test_expected_hash_rule():
+    assert expected_output_sha256(PUBLISHED_URL, "0" * 64) == PUBLISHED_OUTPUT_SHA256
+    assert expected_output_sha256("/data/train.parquet", "0" * 64) is None
+    assert expected_output_sha256("https://mirror.example/train.parquet", "0" * 64) is None
+
+
+def test_published_source_with_other_hash_is_refused_then_accepted(tmp_path, parquet):
+    ws = tmp_path / "ws"
+    src = str(parquet.resolve())
+    wrong = "f" * 64
+    with pytest.raises(CheckFailed, match="--accept-new-hash"):
+        prepare_dataset(ws, source=src, expectations={src: wrong})
+    w = Workspace(ws)
+    assert not w.data.exists() and not w.data_provenance.exists()
+    rejected = list(w.data.parent.glob("dapo-math-17k.jsonl.rejected-*"))
+    assert len(rejected) == 1 and rejected[0].read_bytes() == EXPECTED_JSONL.encode()
+    assert leftovers(ws) == []
+
+    accepted = prepare_dataset(ws, source=src, accept_new_hash=True, expectations={src: wrong})
+    assert accepted.document["accepted_new_hash"] is True
+    assert accepted.document["expected_output_sha256"] == wrong
+    assert schema_problems(accepted.document, "rlk-kit/provenance/v1") == []
+
+
+def test_published_source_with_its_hash_passes(tmp_path, parquet):
+    src = str(parquet.resolve())
+    good = hashlib.sha256(EXPECTED_JSONL.encode()).hexdigest()
+    doc = prepare_dataset(tmp_path / "ws", source=src, expectations={src: good}).document
+    assert doc["expected_output_sha256"] == good and doc["accepted_new_hash"] is False
+
+
+def test_cli_prepare_json(tmp_path, parquet):
+    ws = tmp_path / "ws"
+    code, out = run_kit("prepare", "--workspace", str(ws), "--dataset-source", str(parquet), "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["dataset"]["document"]["rows_written"] == 3
+    code, out = run_kit("prepare", "--dataset-source", str(parquet), env={"KIT_WORKSPACE": str(ws)})
+    assert code == 0 and "unchanged" in out
+
+
+# --- bad input: exit 2, nothing half-written -------------------------------------------------------
+
+def _assert_clean_refusal(ws: Path, code: int, out: str, *needles: str):
+    assert code == 2, out
+    assert "Traceback" not in out
+    for needle in needles:
+        assert needle in out, out
+    w = Workspace(ws)
+    assert not w.data.exists() and not w.data_provenance.exists()
+    assert leftovers(ws) == []
+
+
+def test_missing_parquet(tmp_path):
+    ws = tmp_path / "ws"
+    code, out = run_kit("prepare", "--workspace", str(ws), "--dataset-source", str(tmp_path / "nope.parquet"))
+    _assert_clean_refusal(ws, code, out, "nope.parquet", "no such file")
+
+
+def test_corrupt_parquet(tmp_path, parquet):
+    ws = tmp_path / "ws"
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(parquet.read_bytes()[: parquet.stat().st_size // 2])  # truncated mid-file
+    code, out = run_kit("prepare", "--workspace", str(ws), "--dataset-source", str(bad))
+    _assert_clean_refusal(ws, code, out, "bad.parquet", "parquet")
+
+
+def test_wrong_columns(tmp_path):
+    ws = tmp_path / "ws"
+    src = write_parquet(tmp_path / "cols.parquet", drop="ability")
+    code, out = run_kit("prepare", "--workspace", str(ws), "--dataset-source", str(src))
+    _assert_clean_refusal(ws, code, out, "missing column(s) ability", "extra_info")
+
+
+def test_row_without_index(tmp_path):
+    ws = tmp_path / "ws"
+    data = rows()
+    data[1]["extra_info"] = {"index": None}
+    src = write_parquet(tmp_path / "noidx.parquet", data)
+    code, out = run_kit("prepare", "--workspace", str(ws), "--dataset-source", str(src))
+    _assert_clean_refusal(ws, code, out, "row 2", "extra_info.index")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(blob=st.binary(max_size=2048))
+def test_arbitrary_bytes_are_bad_input(tmp_path_factory, blob):
+    tmp = tmp_path_factory.mktemp("blob")
+    src = tmp / "x.parquet"
+    src.write_bytes(blob)
+    with pytest.raises(BadInput):
+        prepare_dataset(tmp / "ws", source=str(src))
+    assert not Workspace(tmp / "ws").data.exists()
+
+
+# --- model hashing ---------------------------------------------------------------------------------
+
+def make_model(root: Path, weights: bool = True) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text('{"model_type": "qwen3"}')
+    (root / "tokenizer.json").write_text('{"vocab": {"a": 0}}')
+    if weights:
+        (root / "model-00001-of-00002.safetensors").write_bytes(os.urandom(4096))
+        (root / "model-00002-of-00002.safetensors").write_bytes(os.urandom(1000))
+    return root
+
+
+def test_model_hashes_and_cache(tmp_path):
+    ws = tmp_path / "ws"
+    model = make_model(tmp_path / "Qwen3-tiny")
+    result = prepare_model(ws, model)
+    doc = result.document
+    assert schema_problems(doc, "rlk-kit/provenance/v1") == []
+    assert doc["files"] == {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in model.iterdir()}
+    assert doc["weights"] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert doc["tree_sha256"] == tree_sha256(doc["files"])
+    assert result.provenance_path == Workspace(ws).model_provenance(doc["tree_sha256"])
+    assert prepare_model(ws, model).reused
+
+    # The cache answers while size and mtime are unchanged, and re-hashes when either changes.
+    cache_file = Workspace(ws).hash_cache
+    assert str((model / "config.json").resolve()) in json.loads(cache_file.read_text())["entries"]
+    target = model / "config.json"
+    st_ = target.stat()
+    target.write_text('{"model_type": "qwen9"}')  # same size
+    os.utime(target, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+    assert hash_file_cached(target, HashCache(cache_file)) == doc["files"]["config.json"]
+    os.utime(target, ns=(st_.st_atime_ns, st_.st_mtime_ns + 1))
+    assert hash_file_cached(target, HashCache(cache_file)) == hashlib.sha256(target.read_bytes()).hexdigest()
+    assert hash_tree(model, cache_file)["config.json"] != doc["files"]["config.json"]
+
+
+def test_model_without_weights(tmp_path):
+    ws = tmp_path / "ws"
+    model = make_model(tmp_path / "empty-model", weights=False)
+    code, out = run_kit("prepare", "--workspace", str(ws), "--no-dataset", "--model", str(model))
+    assert code == 2 and "no weights (*.safetensors or *.bin)" in out and "empty-model" in out
+    assert not (ws / "provenance").exists() or not list((ws / "provenance").iterdir())
+
+
+# --- checkpoint conversion -------------------------------------------------------------------------
+
+def test_conversion_command_is_exact():
+    stack = {"name": "vime-g10", "sources": [{"name": "megatron-lm"}, {"name": "rl-kernel"}, {"name": "vime"}]}
+    cmd = conversion_command(stack, "/workspace/checkpoints/.torch_dist-abc.partial")
+    assert cmd == [
+        "bash", "-lc",
+        "set -euo pipefail; source /opt/rlk/src/vime/scripts/models/qwen3-8B.sh; "
+        "PYTHONPATH=/opt/rlk/src/megatron-lm /opt/rlk/venv/bin/python "
+        "/opt/rlk/src/vime/tools/convert_hf_to_torch_dist.py \"${MODEL_ARGS[@]}\" "
+        "--hf-checkpoint /inputs/model --save /workspace/checkpoints/.torch_dist-abc.partial",
+    ]
+    with pytest.raises(BadInput, match="'vime' and a 'megatron\\*' source"):
+        conversion_command({"name": "x", "sources": [{"name": "vime"}]}, "/workspace/o")
+
+
+def test_convert_refused_without_image(tmp_path):
+    """The real engine has no image of the G10 stack here: exit 2 naming the image and `kit build`."""
+    ws = tmp_path / "ws"
+    model = make_model(tmp_path / "Qwen3-tiny")
+    code, out = run_kit("prepare", "--workspace", str(ws), "--no-dataset", "--model", str(model),
+                        "--convert-checkpoint", "--arm", "G10")
+    assert code == 2, out
+    assert "image not built" in out and "rlk-kit/vime-g10:cuda-" in out and "kit build cuda --arm G10" in out
+    assert not (ws / "checkpoints").exists() or not list((ws / "checkpoints").iterdir())
+
+
+def test_convert_flags(tmp_path):
+    model = make_model(tmp_path / "m")
+    code, out = run_kit("prepare", "--workspace", str(tmp_path / "ws"), "--no-dataset", "--convert-checkpoint")
+    assert code == 2 and "--convert-checkpoint" in out
+    code, out = run_kit("prepare", "--workspace", str(tmp_path / "ws"), "--no-dataset", "--model", str(model),
+                        "--convert-checkpoint", "--arm", "smoke")
+    assert code == 2 and "needs a vime arm" in out
+    code, out = run_kit("prepare", "--no-dataset", env={"KIT_WORKSPACE": ""})
+    assert code == 2 and "--workspace" in out
