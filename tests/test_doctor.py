@@ -1,0 +1,312 @@
+"""`kit doctor`: pure rules over made-up observations, then the real engine, a real Ray head and workspaces."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kit.cli import cli
+from kit.doctor import (
+    FAIL,
+    PASS,
+    SKIP,
+    ArmSpec,
+    Context,
+    Gpu,
+    check_arm_image,
+    check_checkpoint,
+    check_prompt_data,
+    find_stack_image,
+    judge_docker,
+    judge_gpu_runtime,
+    judge_gpus,
+    judge_ray,
+    judge_space,
+    load_arm,
+    min_driver_for_cuda,
+    observe_ray,
+    run_doctor,
+)
+from kit.documents import schema_problems
+from kit.inputs import hash_tree, tree_sha256
+from kit.prepare import PUBLISHED_OUTPUT_SHA256, Workspace, prepare_dataset
+from test_prepare import write_parquet
+
+GiB = 1 << 30
+HAS_GPU = shutil.which("nvidia-smi") is not None or os.path.exists("/dev/kfd")
+
+
+def vime_arm(gpus: int = 8, ray: str = "2.57.0", base: str = "nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04@sha256:"
+             + "a" * 64, archs=("9.0",)) -> ArmSpec:
+    stack = {"name": "vime-test", "packages": {"ray": ray},
+             "platforms": {"cuda": {"base_image": base, "cuda_arch_list": list(archs)}}}
+    return ArmSpec("V1", {"engine": "vime", "topology": {"gpus": gpus}}, "vime-test", stack, "b" * 64)
+
+
+def smoke_arm() -> ArmSpec:
+    return ArmSpec("S1", {"engine": "smoke", "topology": {"gpus": 1}}, "smoke-test", {"packages": {}}, "c" * 64)
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+# --- pure rules ------------------------------------------------------------------------------------
+
+def test_gpu_rules():
+    h200 = [Gpu("NVIDIA H200", "570.124.06", "9.0")] * 8
+    got = by_name(judge_gpus(vime_arm(), h200, "nvidia-smi", "cuda"))
+    assert [got[n].status for n in ("gpu.count", "gpu.model", "gpu.driver")] == [PASS, PASS, PASS]
+
+    got = by_name(judge_gpus(vime_arm(), h200[:4], "nvidia-smi", "cuda"))
+    assert got["gpu.count"].status == FAIL and "needs 8 GPU(s)" in got["gpu.count"].reason
+
+    old = [Gpu("NVIDIA H100 80GB HBM3", "550.54.15", "9.0")] * 8
+    got = by_name(judge_gpus(vime_arm(), old, "nvidia-smi", "cuda"))
+    assert got["gpu.driver"].status == FAIL and "570.26" in got["gpu.driver"].reason
+
+    a100 = [Gpu("NVIDIA A100-SXM4-80GB", "575.51.03", "8.0")] * 8
+    got = by_name(judge_gpus(vime_arm(), a100, "nvidia-smi", "cuda"))
+    assert got["gpu.model"].status == FAIL and "9.0" in got["gpu.model"].reason
+
+    got = by_name(judge_gpus(vime_arm(), [], "no nvidia-smi", "cuda"))
+    assert got["gpu.count"].status == FAIL and got["gpu.model"].status == SKIP
+
+    assert all(c.status == SKIP and "smoke" in c.reason for c in judge_gpus(smoke_arm(), [], "", "cpu"))
+    assert min_driver_for_cuda(12, 8) == "570.26" and min_driver_for_cuda(12, 7) == "560.28.03"
+    assert min_driver_for_cuda(9, 0) is None
+
+
+def test_runtime_and_space_rules():
+    assert judge_gpu_runtime(vime_arm(), False, False, ["runc"]).status == FAIL
+    assert judge_gpu_runtime(vime_arm(), True, False, ["nvidia", "runc"]).status == PASS
+    assert judge_gpu_runtime(vime_arm(), False, True, ["runc"]).status == PASS
+    assert judge_gpu_runtime(smoke_arm(), False, False, ["runc"]).status == SKIP
+    assert judge_space("host.shm", vime_arm(), Path("/dev/shm"), 63 * GiB).status == FAIL
+    assert judge_space("host.shm", vime_arm(), Path("/dev/shm"), 64 * GiB).status == PASS
+    assert judge_space("host.disk", smoke_arm(), Path("/"), 1 * GiB).status == FAIL
+    assert judge_space("host.disk", None, Path("/"), 1 * GiB).status == SKIP
+
+
+def test_docker_and_ray_rules():
+    assert judge_docker({"error": "connection refused"}).status == FAIL
+    assert "dockerd" in judge_docker({"error": "x"}).reason
+    assert judge_docker({"version": "19.03.1", "api_version": "1.40", "runtimes": []}).status == FAIL
+    assert judge_docker({"version": "28.2.2", "api_version": "1.50", "runtimes": []}).status == PASS
+    assert judge_ray(None, None, None).status == SKIP
+    assert judge_ray(None, "http://h:1", {"error": "refused"}).status == FAIL
+    seen = {"ray_version": "2.60.0", "jobs_api_version": "3"}
+    assert judge_ray(vime_arm(ray="2.60.0"), "http://h:1", seen).status == PASS
+    bad = judge_ray(vime_arm(ray="2.57.0"), "http://h:1", seen)
+    assert bad.status == FAIL and "pins ray 2.57.0" in bad.reason
+
+
+# --- the real engine and the catalog's arms -------------------------------------------------------
+
+LINE = re.compile(r"^(PASS|FAIL|SKIP) [a-z][a-z0-9_.]*: .+$")
+
+
+def run_kit(*args, env=None):
+    result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+@pytest.mark.skipif(HAS_GPU, reason="asserts the FAIL of a vime arm on a host without GPUs")
+def test_vime_arm_fails_on_gpu_less_host(tmp_path):
+    code, out = run_kit("doctor", "--arm", "G10", "--workspace", str(tmp_path), "--json",
+                        env={"RAY_ADDRESS": ""})
+    assert code == 1
+    doc = json.loads(out[: out.rindex("}") + 1])
+    assert schema_problems(doc, "rlk-kit/doctor/v1") == []
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert checks["docker.engine"]["status"] == PASS
+    assert checks["gpu.runtime"]["status"] == FAIL and checks["gpu.count"]["status"] == FAIL
+    assert "needs 8 GPU(s)" in checks["gpu.count"]["reason"]
+    assert checks["image"]["status"] == FAIL
+    assert checks["inputs.prompt_data"]["status"] == FAIL and "kit prepare" in checks["inputs.prompt_data"]["reason"]
+    assert doc["passed"] is False and doc["counts"]["fail"] >= 4
+
+    code, out = run_kit("doctor", "--arm", "G10", "--workspace", str(tmp_path), env={"RAY_ADDRESS": ""})
+    lines = out.strip().splitlines()
+    assert code == 1 and lines[-2] == "doctor: FAIL"
+    assert all(LINE.match(line) for line in lines[:-2]), lines
+
+
+def test_smoke_arm_on_this_host(tmp_path):
+    code, out = run_kit("doctor", "--arm", "smoke", "--workspace", str(tmp_path), "--json", env={"RAY_ADDRESS": ""})
+    doc = json.loads(out[: out.rindex("}") + 1])
+    assert schema_problems(doc, "rlk-kit/doctor/v1") == []
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert checks["docker.engine"]["status"] == PASS
+    for name in ("gpu.runtime", "gpu.count", "gpu.model", "gpu.driver"):
+        assert checks[name]["status"] == SKIP and "smoke" in checks[name]["reason"]
+    assert checks["inputs.prompt_data"]["status"] == SKIP and "built-in prompts" in checks["inputs.prompt_data"]["reason"]
+    assert checks["ray.cluster"]["status"] == SKIP
+    assert checks["host.shm"]["status"] == PASS  # this host has far more than 1 GiB of /dev/shm
+    image = checks["image"]
+    assert image["status"] == PASS or "kit build cpu --arm smoke" in image["reason"] or "check" in image["reason"]
+    assert code == (1 if any(c["status"] == FAIL for c in doc["checks"]) else 0)
+
+
+def test_unknown_arm_is_bad_input():
+    code, out = run_kit("doctor", "--arm", "no-such-arm")
+    assert code == 2 and "no-such-arm" in out
+
+
+def test_image_lookup_on_real_engine():
+    import docker
+
+    client = docker.from_env()
+    stack = f"doctor-fixture-{uuid.uuid4().hex[:8]}"
+    tag = f"rlk-kit/{stack}:cpu-0123456789ab"
+    image, _ = client.images.build(fileobj=io.BytesIO(b"FROM scratch\nLABEL dev.rlk-kit.test=1\n"), tag=tag, rm=True)
+    try:
+        found = find_stack_image(stack, "d" * 64, "cpu", client)
+        assert found is not None and found.id == image.id
+        assert find_stack_image(stack, "d" * 64, "cuda", client) is None
+        absent = ArmSpec("A1", {"engine": "smoke", "topology": {"gpus": 1}}, stack + "-absent", {}, "e" * 64)
+        check = check_arm_image(Context(arm=absent))
+        assert check.status == FAIL
+        assert check.reason.startswith("image not built") and "kit build cpu --arm A1" in check.reason
+    finally:
+        client.images.remove(image.id, force=True)
+
+
+# --- a real Ray head ---------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """`ray start --head --block` in its own process group, which is stopped by its id afterwards."""
+    tmp = tempfile.mkdtemp(prefix="rd", dir="/tmp")  # short: Ray's socket paths must stay under 107 bytes
+    dash = _free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tmp, "HOME": tmp}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        ["ray", "start", "--head", "--block", "--port=0", "--num-cpus=1", "--include-dashboard=true",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={tmp}",
+         f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
+         f"--metrics-export-port={_free_port()}", "--disable-usage-stats"],
+        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{dash}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/api/version", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("Ray head did not start")
+            time.sleep(0.5)
+        yield url
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_ray_check_against_real_head(ray_head):
+    import ray
+
+    seen = observe_ray(ray_head)
+    assert seen.get("ray_version") == ray.__version__, seen
+    ok = judge_ray(vime_arm(ray=ray.__version__), ray_head, seen)
+    assert ok.status == PASS and ray.__version__ in ok.reason
+    pinned_other = judge_ray(vime_arm(ray="2.57.0"), ray_head, seen)
+    assert pinned_other.status == FAIL and f"Ray {ray.__version__}" in pinned_other.reason
+
+    code, out = run_kit("doctor", env={"RAY_ADDRESS": ray_head})
+    assert code == 0, out
+    assert f"PASS ray.cluster: Ray {ray.__version__} at {ray_head}" in out
+
+
+def test_ray_check_unreachable():
+    url = f"http://127.0.0.1:{_free_port()}"
+    check = run_doctor(Context(ray_address=url)).checks
+    ray_check = by_name(check)["ray.cluster"]
+    assert ray_check.status == FAIL and url in ray_check.reason
+
+
+# --- workspace inputs ------------------------------------------------------------------------------
+
+def test_prompt_data_against_the_published_hash(tmp_path):
+    src = write_parquet(tmp_path / "train.parquet")
+    ws = tmp_path / "ws"
+    arm = vime_arm()
+    missing = check_prompt_data(Context(arm=arm, workspace=ws))
+    assert missing.status == FAIL and "kit prepare" in missing.reason
+    assert check_prompt_data(Context(arm=arm)).status == FAIL
+    assert check_prompt_data(Context(arm=smoke_arm(), workspace=ws)).status == SKIP
+
+    prepare_dataset(ws, source=str(src))
+    local = check_prompt_data(Context(arm=arm, workspace=ws))
+    assert local.status == FAIL and PUBLISHED_OUTPUT_SHA256 in local.reason
+
+    ws2 = tmp_path / "ws2"
+    prepare_dataset(ws2, source=str(src), accept_new_hash=True, expectations={str(src.resolve()): "f" * 64})
+    accepted = check_prompt_data(Context(arm=arm, workspace=ws2))
+    assert accepted.status == PASS and "NOT the published" in accepted.reason
+
+    data = Workspace(ws2).data
+    data.write_bytes(data.read_bytes() + b"\n")
+    tampered = check_prompt_data(Context(arm=arm, workspace=ws2))
+    assert tampered.status == FAIL and "changed after kit prepare" in tampered.reason
+
+
+def test_checkpoint_against_its_provenance(tmp_path):
+    from kit.documents import write_new_document
+
+    ws = tmp_path / "ws"
+    arm = vime_arm()
+    assert check_checkpoint(Context(arm=arm, workspace=ws)).status == FAIL
+    w = Workspace(ws)
+    ckpt = w.checkpoint_dir(arm.stack_sha256, "9" * 64)
+    (ckpt / "iter_0000001").mkdir(parents=True)
+    (ckpt / "iter_0000001" / "__0_0.distcp").write_bytes(os.urandom(512))
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("release")
+    files = hash_tree(ckpt)
+    write_new_document(w.checkpoint_provenance(ckpt), {
+        "schema": "rlk-kit/provenance/v1", "kind": "checkpoint", "created_at": "2026-01-01T00:00:00Z",
+        "kit_version": "0.1.0", "arm": "V1", "stack": {"name": "vime-test", "sha256": arm.stack_sha256},
+        "image": {"ref": "rlk-kit/vime-test:cuda-0123456789ab", "id": "sha256:" + "1" * 64}, "platform": "cuda",
+        "model_tree_sha256": "9" * 64, "command": ["bash", "-lc", "true"],
+        "output": ckpt.relative_to(ws).as_posix(), "files": files, "tree_sha256": tree_sha256(files)})
+    assert check_checkpoint(Context(arm=arm, workspace=ws)).status == PASS
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("1")
+    bad = check_checkpoint(Context(arm=arm, workspace=ws))
+    assert bad.status == FAIL and "differs from its provenance" in bad.reason
+
+
+def test_report_document_validates():
+    report = run_doctor(Context(arm=load_arm("G10")))
+    assert schema_problems(report.to_json(), "rlk-kit/doctor/v1") == []
+    assert report.passed == all(c.status != FAIL for c in report.checks)
