@@ -1,0 +1,232 @@
+"""The conformance oracle: on fixed seeded inputs, R must be byte-identical everywhere; P is measured.
+
+For each module (attention, ffn, logp) the strict implementation is run once as the reference
+(training TP1/CP1, one call over every row) and then under every training layout TP x CP
+(zigzag CP placement), every rollout TP with a prompt prefill followed by token-by-token decode
+against a KV cache, and decode batches of several sizes. Each variant's output is compared with
+the reference *as raw bytes* (so +0/-0 differ). The production implementation is run through the
+same variants and its differences from its own reference are counted and reported, not judged.
+
+The fingerprint is the sha256 of the strict reference outputs (with the shape's config hash):
+an image whose oracle prints the same fingerprint computes the same strict bits.
+
+Example::
+
+    >>> report = run_check(shape="smoke")          # doctest: +SKIP
+    >>> report["passed"], len(report["fingerprint"])
+    (True, 64)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+from rlk_kernels import ops
+from rlk_kernels.layouts import RolloutLayout, TrainLayout, rollout_layouts, training_layouts, zigzag_positions
+from rlk_kernels.model import ModelConfig, init_weights, layer_weights, rope_table
+
+SCHEMA = "rlk-kit/conformance/v1"
+INPUT_SEED = 20260917
+MODULES = ("attention", "ffn", "logp")
+
+
+@dataclass(frozen=True)
+class CheckShape:
+    name: str
+    config: ModelConfig
+    seq_len: int
+    prompt_len: int
+    batch_sizes: tuple
+    reductions: dict = field(default_factory=dict)
+
+
+def check_shape(shape: str, device: str = "cpu") -> CheckShape:
+    if shape == "smoke":
+        return CheckShape("smoke", ModelConfig.smoke(), seq_len=16, prompt_len=8, batch_sizes=(1, 2, 3, 8, 17, 64))
+    if shape == "qwen3-8b":
+        if device == "cpu":
+            return CheckShape("qwen3-8b", ModelConfig.qwen3_8b(), seq_len=16, prompt_len=12, batch_sizes=(1, 2, 3, 4),
+                              reductions={
+                                  "seq_len": "16 tokens per sequence (12 prefilled, 4 decoded) instead of prompt plus 7168 response tokens",
+                                  "batch_sizes": "decode batches 1, 2, 3, 4 instead of 1..64",
+                                  "layers": "one layer's attention and FFN weights, and the full LM head",
+                              })
+        return CheckShape("qwen3-8b", ModelConfig.qwen3_8b(), seq_len=256, prompt_len=192, batch_sizes=(1, 2, 3, 8, 17, 64),
+                          reductions={"seq_len": "256 tokens per sequence (192 prefilled, 64 decoded)",
+                                      "layers": "one layer's attention and FFN weights, and the full LM head"})
+    raise ValueError(f"unknown shape {shape!r}; accepted: smoke, qwen3-8b")
+
+
+def _bytes(t) -> bytes:
+    import torch
+    return t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _compare(a, b):
+    """(bytes equal, value mismatches, max abs diff)."""
+    import torch
+    a, b = a.detach().cpu(), b.detach().cpu()
+    if a.shape != b.shape:
+        return False, a.numel(), float("inf")
+    ne = int(torch.ne(a, b).sum())
+    diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+    return _bytes(a) == _bytes(b), ne, diff
+
+
+class _Inputs:
+    def __init__(self, shape: CheckShape, device: str):
+        import torch
+        cfg = shape.config
+        gen = torch.Generator().manual_seed(INPUT_SEED)
+        self.batch = max(shape.batch_sizes)
+        self.hidden = torch.randn(self.batch, shape.seq_len, cfg.hidden, generator=gen).to(device)
+        self.targets = torch.randint(0, cfg.vocab, (self.batch, shape.seq_len), generator=gen).to(device)
+        self.subsets = {n: torch.randperm(self.batch, generator=gen)[:n].sort().values.to(device) for n in shape.batch_sizes}
+        weights = init_weights(cfg, INPUT_SEED, layers=1)
+        self.weights = {k: v.to(device) for k, v in weights.items()}
+        self.layer = layer_weights(self.weights, 0)
+        self.rope = tuple(t.to(device) for t in rope_table(cfg, shape.seq_len))
+
+
+# --- one module under one variant ---------------------------------------------------------------------
+
+def _rowwise(module, impl, inp, cfg, rows, targets, tp):
+    if module == "ffn":
+        return ops.ffn_module(impl, inp.layer, cfg, rows, tp)
+    return ops.logp_module(impl, inp.weights, cfg, rows, targets, tp)
+
+
+def _train_variant(module, impl, inp, cfg, x, targets, layout: TrainLayout):
+    import torch
+    batch, length, _ = x.shape
+    positions = zigzag_positions(length, layout.cp)
+    if module == "attention":
+        outs = ops.attention_module_train(impl, inp.layer, cfg, inp.rope, [x[:, p] for p in positions], positions, layout.tp)
+    else:
+        outs = [_rowwise(module, impl, inp, cfg, x[:, p].reshape(-1, cfg.hidden), targets[:, p].reshape(-1), layout.tp)
+                .view(batch, len(p), *(() if module == "logp" else (cfg.hidden,))) for p in positions]
+    order = torch.tensor([q for p in positions for q in p], device=x.device)
+    full = torch.cat(outs, dim=1)
+    result = torch.empty_like(full)
+    result[:, order] = full
+    return result
+
+
+def _rollout_variant(module, impl, inp, cfg, x, targets, tp, prompt_len):
+    """Prefill the first prompt_len positions, then decode one position at a time."""
+    import torch
+    batch, length, _ = x.shape
+    outs = []
+    if module == "attention":
+        cache = ops.KVCache(batch, cfg, length, dtype=x.dtype)
+        pos = torch.arange(prompt_len, device=x.device).unsqueeze(0).expand(batch, -1)
+        outs.append(ops.attention_module_cached(impl, inp.layer, cfg, inp.rope, x[:, :prompt_len], pos, tp, cache, phase="prefill"))
+        for p in range(prompt_len, length):
+            step = torch.full((batch, 1), p, device=x.device)
+            outs.append(ops.attention_module_cached(impl, inp.layer, cfg, inp.rope, x[:, p:p + 1], step, tp, cache, phase="decode"))
+        return torch.cat(outs, dim=1)
+    tail = () if module == "logp" else (cfg.hidden,)
+    outs.append(_rowwise(module, impl, inp, cfg, x[:, :prompt_len].reshape(-1, cfg.hidden),
+                         targets[:, :prompt_len].reshape(-1), tp).view(batch, prompt_len, *tail))
+    for p in range(prompt_len, length):
+        outs.append(_rowwise(module, impl, inp, cfg, x[:, p], targets[:, p], tp).view(batch, 1, *tail))
+    return torch.cat(outs, dim=1)
+
+
+def _variants(shape: CheckShape):
+    out = [("train " + lay.label, "train", lay) for lay in training_layouts()]
+    out += [(f"rollout TP{lay.tp} prefill+decode", "rollout", lay) for lay in rollout_layouts()]
+    tps = [lay.tp for lay in rollout_layouts()]
+    out += [(f"decode batch {n} (rollout TP{tps[i % len(tps)]})", "batch", (n, tps[i % len(tps)]))
+            for i, n in enumerate(shape.batch_sizes)]
+    return out
+
+
+def _run_variant(module, impl, inp, shape, kind, arg):
+    cfg = shape.config
+    if kind == "train":
+        return _train_variant(module, impl, inp, cfg, inp.hidden, inp.targets, arg), None
+    if kind == "rollout":
+        return _rollout_variant(module, impl, inp, cfg, inp.hidden, inp.targets, arg.tp, shape.prompt_len), None
+    n, tp = arg
+    rows = inp.subsets[n]
+    return _rollout_variant(module, impl, inp, cfg, inp.hidden[rows], inp.targets[rows], tp, shape.prompt_len), rows
+
+
+def run_check(*, device: str = "cpu", shape: str = "smoke") -> dict:
+    """Run the oracle; returns the ``rlk-kit/conformance/v1`` document (``passed`` False when R varies)."""
+    import torch
+
+    started = time.perf_counter()
+    spec = check_shape(shape, device)
+    inp = _Inputs(spec, device)
+    fingerprint = hashlib.sha256(f"{SCHEMA}|{spec.name}|{spec.config.config_sha256}|{INPUT_SEED}|".encode())
+    modules = []
+    with torch.no_grad(), torch.device(device):
+        for module in MODULES:
+            refs = {impl: _run_variant(module, impl, inp, spec, "train", TrainLayout(1, 1))[0] for impl in ("R", "P")}
+            fingerprint.update(module.encode() + b"|" + _bytes(refs["R"]))
+            rows = []
+            for label, kind, arg in _variants(spec):
+                result = {"variant": label}
+                for impl in ("R", "P"):
+                    out, subset = _run_variant(module, impl, inp, spec, kind, arg)
+                    ref = refs[impl] if subset is None else refs[impl][subset]
+                    equal, ne, diff = _compare(out, ref)
+                    if impl == "R":
+                        result["strict_bytes_equal"] = equal
+                    else:
+                        result["production_mismatches"] = ne
+                        result["production_max_abs_diff"] = diff
+                        result["elements"] = out.numel()
+                rows.append(result)
+            modules.append({
+                "module": module,
+                "strict_backend": ops.BACKEND_IDS[(module, "R")],
+                "production_backend": ops.BACKEND_IDS[(module, "P")],
+                "strict_invariant": all(r["strict_bytes_equal"] for r in rows),
+                "production_mismatched_variants": sum(1 for r in rows if r["production_mismatches"]),
+                "production_max_abs_diff": max(r["production_max_abs_diff"] for r in rows),
+                "variants": rows,
+            })
+    return {
+        "schema": SCHEMA,
+        "shape": spec.name,
+        "device": device,
+        "model": spec.config.to_json(),
+        "config_sha256": spec.config.config_sha256,
+        "inputs": {"seed": INPUT_SEED, "seq_len": spec.seq_len, "prompt_len": spec.prompt_len,
+                   "batch_sizes": list(spec.batch_sizes), "reference": "strict and production each against their own training TP1/CP1 output"},
+        "reductions": spec.reductions,
+        "torch": torch.__version__,
+        "modules": modules,
+        "passed": all(m["strict_invariant"] for m in modules),
+        "fingerprint": fingerprint.hexdigest(),
+        "elapsed_s": round(time.perf_counter() - started, 3),
+    }
+
+
+def conformance_fingerprint(device: str = "cpu", shape: str = "smoke") -> str:
+    """sha256 of the strict outputs on the oracle's fixed inputs (what build records and manifests carry)."""
+    return run_check(device=device, shape=shape)["fingerprint"]
+
+
+def format_table(report: dict) -> str:
+    lines = [f"kernel conformance: shape={report['shape']} device={report['device']} torch={report['torch']}"]
+    if report["reductions"]:
+        lines += [f"  reduced: {k}: {v}" for k, v in report["reductions"].items()]
+    header = f"{'module':<10} {'variant':<34} {'R bytes':<8} {'P mismatches':>16} {'P max|diff|':>12}"
+    lines += [header, "-" * len(header)]
+    for m in report["modules"]:
+        for r in m["variants"]:
+            lines.append(f"{m['module']:<10} {r['variant']:<34} {'equal' if r['strict_bytes_equal'] else 'DIFFER':<8} "
+                         f"{str(r['production_mismatches']) + '/' + str(r['elements']):>16} {r['production_max_abs_diff']:>12.3g}")
+    lines.append("-" * len(header))
+    for m in report["modules"]:
+        lines.append(f"{m['module']:<10} R {'invariant' if m['strict_invariant'] else 'NOT INVARIANT'} ({m['strict_backend']}); "
+                     f"P differs in {m['production_mismatched_variants']}/{len(m['variants'])} variants ({m['production_backend']})")
+    lines.append(f"fingerprint {report['fingerprint']}")
+    lines.append(f"{'PASS' if report['passed'] else 'FAIL'} in {report['elapsed_s']} s")
+    return "\n".join(lines)
