@@ -1,0 +1,114 @@
+"""Wall time of `kit analyze` on 2 arms x 200 steps (the published G10/G11 data as VIME logs).
+
+Stages are timed separately: reading the logs, the statistics (perf: descriptives of 3 subsets,
+OLS, bootstrap CIs with 20,000 draws; convergence tables), and figure rendering (PNG + PDF).
+Side by side in the same run, the seed's way of bootstrapping (a fresh index matrix for every
+metric) against the kit's (one seeded index matrix shared by all metrics of a comparison).
+Goal: statistics < 1 s on 2 cores.
+
+    python benchmarks/analysis_speed.py            # prints a table; results/analysis_speed.txt keeps one run
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def best_of(fn, repeat=5):
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), statistics.median(times)
+
+
+def seed_style_bootstrap(values_by_metric, draws=20_000, seed=1234):
+    # the seed script: independent resampling, a new index draw per metric and arm
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, (a, b) in values_by_metric.items():
+        a, b = np.asarray(a), np.asarray(b)
+        ma = a[rng.integers(0, len(a), size=(draws, len(a)))].mean(axis=1)
+        mb = b[rng.integers(0, len(b), size=(draws, len(b)))].mean(axis=1)
+        out[name] = np.percentile(mb - ma, [2.5, 97.5])
+    return out
+
+
+def main() -> None:
+    from fixtures_vime_logs import write_published_logs
+    from kit.analysis.convergence import analyze_convergence
+    from kit.analysis.perf import COMPARED, analyze_perf, step_rows
+    from kit.analysis.plots import convergence_figures, perf_figures
+    from kit.analysis.stats import Resampler
+    from kit.analysis.table import load_arms
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        logs = write_published_logs(tmp / "logs")
+        paths = [logs["G10"], logs["G11"]]
+        read_best, read_med = best_of(lambda: load_arms(paths))
+        arms = load_arms(paths)
+        analyze_perf(arms)  # warm imports
+        perf_best, perf_med = best_of(lambda: analyze_perf(arms))
+        unp_best, unp_med = best_of(lambda: analyze_perf(arms, pairing="unpaired"))
+        conv_best, conv_med = best_of(lambda: analyze_convergence(arms))
+        report, conv = analyze_perf(arms), analyze_convergence(arms)
+
+        rows = {a.name: step_rows(a) for a in arms}
+        metrics = {c: ([r[c] for r in rows["G10"]], [r[c] for r in rows["G11"]]) for c in COMPARED
+                   if all(r[c] is not None for rs in rows.values() for r in rs)}
+
+        def kit_style():
+            r = Resampler()
+            for a, b in metrics.values():
+                r.unpaired(a, b)
+
+        seed_best, _ = best_of(lambda: seed_style_bootstrap(metrics))
+        kit_best, _ = best_of(kit_style)
+
+        def render(n=[0]):
+            n[0] += 1
+            out = tmp / f"fig{n[0]}"
+            out.mkdir()
+            return perf_figures(report, out) + convergence_figures(conv, out)
+
+        render()  # warm matplotlib
+        fig_best, fig_med = best_of(render, repeat=3)
+
+    lines = [
+        "kit analyze speed: 2 arms x 200 steps (published G10/G11 as VIME logs), 20,000 bootstrap draws",
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "",
+        f"{'stage':<52}{'best s':>9}{'median s':>10}",
+        f"{'read + parse 2 logs (4 records per step)':<52}{read_best:>9.3f}{read_med:>10.3f}",
+        f"{'perf statistics, paired bootstrap (auto)':<52}{perf_best:>9.3f}{perf_med:>10.3f}",
+        f"{'perf statistics, unpaired bootstrap':<52}{unp_best:>9.3f}{unp_med:>10.3f}",
+        f"{'convergence tables and summaries':<52}{conv_best:>9.3f}{conv_med:>10.3f}",
+        f"{'statistics total (read + perf paired + convergence)':<52}"
+        f"{read_best + perf_best + conv_best:>9.3f}{read_med + perf_med + conv_med:>10.3f}",
+        f"{'figures: 8 figures x (PNG + PDF)':<52}{fig_best:>9.3f}{fig_med:>10.3f}",
+        "",
+        f"bootstrap of {len(metrics)} metrics, unpaired, 20,000 draws each, side by side:",
+        f"  seed style (new index draw per metric and arm)   {seed_best:.3f} s",
+        f"  kit (one index matrix per sample size, reused)   {kit_best:.3f} s",
+        f"  ratio seed/kit                                   {seed_best / kit_best:.2f}x",
+        "",
+        f"goal: statistics < 1 s -> {'met' if read_best + perf_best + conv_best < 1.0 else 'NOT met'}",
+    ]
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
