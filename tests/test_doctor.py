@@ -222,15 +222,15 @@ def ray_head():
             time.sleep(0.5)
         yield url
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(proc.pid, sig)  # the group started above, by its id
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=grace)  # Ray leaves gcs_server running on SIGTERM, hence the SIGKILL
+            except subprocess.TimeoutExpired:
+                pass
         shutil.rmtree(tmp, ignore_errors=True)
 
 
