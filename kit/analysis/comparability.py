@@ -89,7 +89,7 @@ def assess_pair(reference, other, compare: Callable | None = None) -> PairVerdic
         result = compare(reference.manifest, other.manifest)
     except Exception as exc:  # a manifest the comparison cannot read is not evidence of control
         return PairVerdict(reference.name, other.name, False,
-                           (f"kit compare could not compare the manifests: {exc}",), ())
+                           (f"kit compare could not compare the manifests ({type(exc).__name__}: {exc})",), ())
     paths = tuple(str(getattr(d, "path", d)) for d in getattr(result, "uncontrolled", ()) or ())
     if bool(getattr(result, "controlled", False)) and not paths:
         return PairVerdict(reference.name, other.name, True, (), ())

@@ -72,7 +72,8 @@ def _source_commit(manifest: dict, wanted: str) -> str | None:
             for key, value in holder.items():
                 if _norm(key) == wanted and isinstance(value, str):
                     return value
-    for stack in (manifest.get("stack"), _lookup(manifest, "arm", "stack")):
+    stacks = (_lookup(manifest, "stack", "document"), manifest.get("stack"), _lookup(manifest, "arm", "stack"))
+    for stack in stacks:
         sources = _lookup(stack, "sources") if isinstance(stack, dict) else None
         for src in sources if isinstance(sources, list) else []:
             if isinstance(src, dict) and _norm(str(src.get("name", ""))) == wanted:
