@@ -357,27 +357,20 @@ def observe_ray(address: str) -> dict:
 def find_stack_image(stack_name: str, stack_sha256: str, platform: str, client=None):
     """The newest local image built from this stack for this platform, or None.
 
-    Prefers ``kit.images.find_image`` when the images module offers it; otherwise looks for the
-    tag form ``rlk-kit/<stack>:<platform>-<inputs12>`` that ``kit build`` gives.
+    First by the labels ``kit build`` sets (``dev.rlk-kit.stack.sha256`` and ``dev.rlk-kit.platform``),
+    so a retagged image is still found; then by its tag form ``rlk-kit/<stack>:<platform>-<inputs12>``,
+    which also finds an image of an older revision of the stack for ``check_image`` to report.
     """
-    try:
-        from kit import images as _images
-
-        finder = getattr(_images, "find_image", None)
-    except ImportError:
-        finder = None
-    if finder is not None:
-        try:
-            return finder(stack_name=stack_name, stack_sha256=stack_sha256, platform=platform)
-        except TypeError:
-            pass  # a different signature: fall back to the tag convention
     import docker
 
+    from kit.image_layout import LABEL_PREFIX
+
     client = client or docker.from_env(timeout=20)
-    candidates = []
-    for image in client.images.list(name=f"rlk-kit/{stack_name}"):
-        if any(tag.split(":", 1)[-1].startswith(f"{platform}-") for tag in image.tags):
-            candidates.append(image)
+    candidates = client.images.list(filters={"label": [f"{LABEL_PREFIX}.stack.sha256={stack_sha256}",
+                                                       f"{LABEL_PREFIX}.platform={platform}"]})
+    if not candidates:
+        candidates = [image for image in client.images.list(name=f"rlk-kit/{stack_name}")
+                      if any(tag.split(":", 1)[-1].startswith(f"{platform}-") for tag in image.tags)]
     candidates.sort(key=lambda im: im.attrs.get("Created", ""), reverse=True)
     return candidates[0] if candidates else None
 
@@ -403,7 +396,7 @@ def check_arm_image(ctx: Context) -> Check:
         return Check("image", FAIL, f"{ref} found, but kit.images.check_image is not available to match it "
                      f"against stack {arm.stack_name}")
     try:
-        result = check_image(image.id, _stack_object(arm))
+        result = check_image(image.id, arm.stack_document, client=ctx.docker["client"])
     except Exception as exc:
         return Check("image", FAIL, f"{ref}: cannot check against stack {arm.stack_name} ({_one_line(exc)})")
     ok, problems = _image_verdict(result)
@@ -413,21 +406,21 @@ def check_arm_image(ctx: Context) -> Check:
     return Check("image", FAIL, f"{ref} does not match stack {arm.stack_name}: " + "; ".join(problems[:5]), details)
 
 
-def _stack_object(arm: ArmSpec):
-    from kit.catalog import Catalog
-
-    return Catalog.default().stack(arm.stack_name)
-
-
 def _image_verdict(result) -> tuple[bool, list[str]]:
-    """Read check_image's answer whether it is a bool, a list of problems or a result object."""
+    """Read check_image's answer (kit.images.ImageCheck: matches, differences)."""
     if isinstance(result, bool):
         return result, ([] if result else ["labels or embedded stack differ"])
     if isinstance(result, (list, tuple)):
         return not result, [str(p) for p in result]
-    problems = next((getattr(result, a) for a in ("problems", "mismatches", "differences") if hasattr(result, a)), [])
-    ok = next((getattr(result, a) for a in ("ok", "matches", "match", "passed") if hasattr(result, a)), not problems)
-    return bool(ok), [str(p) for p in problems]
+    problems = next((getattr(result, a) for a in ("differences", "problems", "mismatches") if hasattr(result, a)), [])
+    ok = next((getattr(result, a) for a in ("matches", "ok", "passed") if hasattr(result, a)), not problems)
+    return bool(ok), [_difference(p) for p in problems]
+
+
+def _difference(item) -> str:
+    if isinstance(item, (tuple, list)) and len(item) == 3:  # kit.images: (label or field, expected, found)
+        return f"{item[0]} expected {item[1]!r}, found {item[2]!r}"
+    return str(item)
 
 
 # --- workspace inputs -----------------------------------------------------------------------------

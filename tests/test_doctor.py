@@ -172,18 +172,32 @@ def test_image_lookup_on_real_engine():
 
     client = docker.from_env()
     stack = f"doctor-fixture-{uuid.uuid4().hex[:8]}"
-    tag = f"rlk-kit/{stack}:cpu-0123456789ab"
-    image, _ = client.images.build(fileobj=io.BytesIO(b"FROM scratch\nLABEL dev.rlk-kit.test=1\n"), tag=tag, rm=True)
+    sha = uuid.uuid4().hex * 2
+    dockerfile = (f"FROM scratch\nLABEL dev.rlk-kit.stack.sha256={sha} dev.rlk-kit.platform=cpu "
+                  f"dev.rlk-kit.stack.name={stack}\n").encode()
+    by_tag, _ = client.images.build(fileobj=io.BytesIO(f"FROM scratch\nLABEL x={stack}\n".encode()),
+                                    tag=f"rlk-kit/{stack}:cpu-0123456789ab", rm=True)
+    by_label, _ = client.images.build(fileobj=io.BytesIO(dockerfile), tag=f"{stack}-retagged:latest", rm=True)
     try:
-        found = find_stack_image(stack, "d" * 64, "cpu", client)
-        assert found is not None and found.id == image.id
+        # the labels win over the tag form; the tag form is the fallback
+        assert find_stack_image(stack, sha, "cpu", client).id == by_label.id
+        assert find_stack_image(stack, "d" * 64, "cpu", client).id == by_tag.id
         assert find_stack_image(stack, "d" * 64, "cuda", client) is None
+
         absent = ArmSpec("A1", {"engine": "smoke", "topology": {"gpus": 1}}, stack + "-absent", {}, "e" * 64)
         check = check_arm_image(Context(arm=absent))
         assert check.status == FAIL
         assert check.reason.startswith("image not built") and "kit build cpu --arm A1" in check.reason
+
+        # found, but kit.images.check_image finds no embedded stack and other labels: FAIL, naming them
+        wrong = ArmSpec("A2", {"engine": "smoke", "topology": {"gpus": 1}}, stack,
+                        {"name": stack, "platforms": {}, "packages": {}, "sources": []}, sha)
+        check = check_arm_image(Context(arm=wrong))
+        assert check.status == FAIL and "does not match stack" in check.reason
+        assert "/opt/rlk/stack.json" in check.reason
     finally:
-        client.images.remove(image.id, force=True)
+        client.images.remove(by_label.id, force=True)
+        client.images.remove(by_tag.id, force=True)
 
 
 # --- a real Ray head ---------------------------------------------------------------------------------
