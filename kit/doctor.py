@@ -328,7 +328,7 @@ def judge_ray(arm: ArmSpec | None, address: str | None, observed: dict | None) -
         return Check("ray.cluster", FAIL, f"Ray {version} at {address}; stack {arm.stack_name} pins ray {wanted}",
                      details)
     return Check("ray.cluster", PASS, f"Ray {version or '(version not reported)'} at {address}, Jobs API "
-                 f"{observed.get('jobs_api_version', '?')}" + (f", matches the stack's pin" if wanted else ""), details)
+                 f"{observed.get('jobs_api_version', '?')}" + (", matches the stack's pin" if wanted else ""), details)
 
 
 def observe_ray(address: str) -> dict:

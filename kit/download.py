@@ -15,7 +15,6 @@ result says ``checksum_source: None``.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import time

@@ -44,7 +44,7 @@ from kit.doctor import (
 from kit.documents import schema_problems
 from kit.inputs import hash_tree, tree_sha256
 from kit.prepare import PUBLISHED_OUTPUT_SHA256, Workspace, prepare_dataset
-from test_prepare import write_parquet
+from fixtures_prepare import write_parquet
 
 GiB = 1 << 30
 HAS_GPU = shutil.which("nvidia-smi") is not None or os.path.exists("/dev/kfd")

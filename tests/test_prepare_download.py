@@ -8,7 +8,6 @@ import json
 import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -17,7 +16,7 @@ from kit.cli import cli
 from kit.download import download, partial_path
 from kit.errors import BadInput
 from kit.prepare import Workspace, prepare_dataset
-from test_prepare import EXPECTED_JSONL, write_parquet
+from fixtures_prepare import EXPECTED_JSONL, write_parquet
 
 
 class Server:
