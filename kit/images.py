@@ -1,0 +1,447 @@
+"""Images: the only module that talks to the Docker engine (docker-py, classic builder).
+
+Collects a build context (sources exported at their pins, patches, the kit, a wheelhouse for cpu),
+turns it into a :class:`kit.build_plan.BuildPlan`, builds it with a progress display, writes a
+build record, and checks existing images against a stack. Example::
+
+    plan = plan_build(stack, "cpu", workspace=Path(".workspace"))
+    result = build_image(plan, workspace=Path(".workspace"))
+    check_image(result.tag, stack).matches                  # labels + embedded stack
+    verify_image_by_probe(result.tag, stack).differences    # probe in a throwaway container
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from kit.build_plan import (DOCKERFILES, PLATFORMS, BuildPlan, ContextEntry, context_tar, make_plan,
+                            patch_context_path, pin_labels, requirement, source_problems)
+from kit.errors import BadInput, CheckFailed
+from kit.image_layout import STACK_PATH
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Build requirement of the kit itself inside the image (pyproject: setuptools>=68); not a stack pin.
+WHEELHOUSE_BUILD_TOOLS = ("setuptools==80.9.0",)
+_STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+ENGINE_HELP = ("start one with `nohup dockerd >/tmp/dockerd.log 2>&1 &` or scripts/ensure-docker.sh, "
+               "or point DOCKER_HOST at a running engine")
+
+
+# --- engine -----------------------------------------------------------------------------------
+
+def engine():
+    """A docker-py client whose engine answers; BadInput (exit 2) saying how to start one otherwise."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+        return client
+    except Exception as exc:  # DockerException, connection errors: all mean "no engine"
+        where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        raise BadInput(f"no Docker engine answers at {where} ({type(exc).__name__}); {ENGINE_HELP}") from None
+
+
+def base_image_id(client, base_image: str) -> str:
+    """Local id of the base; BadInput saying how to make it when it is missing."""
+    import docker
+
+    try:
+        return client.images.get(base_image).id
+    except docker.errors.ImageNotFound:
+        if base_image.startswith("rlk-kit/debian-base"):
+            raise BadInput(f"base image {base_image} is not on this engine; make it with docker/make-base-image.sh "
+                           "(or scripts/ensure-docker.sh)") from None
+        raise BadInput(f"base image {base_image} is not on this engine and no registry is reachable here; "
+                       f"load it (docker load) or build on a host that can pull it") from None
+
+
+# --- stacks -----------------------------------------------------------------------------------
+
+def stack_parts(stack) -> tuple[dict, str, str]:
+    """(resolved document, sha256, name) from a kit.stack.Stack or a resolved stack dict."""
+    if isinstance(stack, dict):
+        from kit.documents import sha256_of_document
+        from kit.stack import stack_identity
+
+        return stack, sha256_of_document(stack_identity(stack)), stack["name"]
+    return stack.document, stack.sha256, stack.name
+
+
+# --- context ----------------------------------------------------------------------------------
+
+@dataclass
+class CollectedContext:
+    entries: list[ContextEntry] = field(default_factory=list)
+    commit_dates: dict[str, int] = field(default_factory=dict)
+    sources_from: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def collect_context(stack_doc: dict, platform: str, *, workspace: Path, overrides: dict[str, Path] | None = None,
+                    manifests_dir: Path | None = None, dry_run: bool = False) -> CollectedContext:
+    """Everything the Dockerfile COPYs, with identities; fetches/exports sources unless ``dry_run``."""
+    from kit.build_sources import export_commit, locate_source
+    from kit.documents import dumps_pretty, sha256_of_file
+
+    overrides = dict(overrides or {})
+    manifests_dir = manifests_dir or _manifests_dir()
+    out = CollectedContext()
+    for rel in (DOCKERFILES[platform], "docker/bin/install-source", "docker/bin/entrypoint"):
+        out.entries.append(ContextEntry.of_bytes(rel, (REPO_ROOT / rel).read_bytes(), 0o755 if "/bin/" in rel else 0o644))
+    out.entries.append(ContextEntry.of_bytes("stack.json", dumps_pretty(stack_doc).encode()))
+    names = {s["name"] for s in stack_doc.get("sources", [])}
+    for name in sorted(set(overrides) - names):
+        raise BadInput(f"--source {name}: the stack {stack_doc['name']!r} has no source {name!r}; "
+                       f"it has: {', '.join(sorted(names))}")
+    for src in stack_doc.get("sources", []):
+        name, commit = src["name"], src["commit"]
+        repo = locate_source(src, overrides, workspace, fetch=not dry_run)
+        if repo is None:
+            out.entries.append(ContextEntry(f"sources/{name}/tree.tar", 0o644, f"git-commit:{commit}"))
+            out.entries.append(ContextEntry(f"sources/{name}/commit", 0o644, f"git-commit:{commit}"))
+            out.notes.append(f"source {name}: {commit} is not fetched yet ({src['repository']}); "
+                             "its context files are listed by commit")
+            continue
+        export = export_commit(repo, commit, workspace / "sources" / "exports", name)
+        out.sources_from[name] = str(repo)
+        out.commit_dates[name] = export.commit_time
+        out.entries.append(ContextEntry(f"sources/{name}/tree.tar", 0o644, f"git-commit:{commit}",
+                                        file=str(export.tar_path)))
+        # The raw object hashes to the commit, so it is identified by the commit too.
+        out.entries.append(ContextEntry(f"sources/{name}/commit", 0o644, f"git-commit:{commit}",
+                                        data=export.commit_object))
+        for i, patch in enumerate(src.get("patches", [])):
+            path = manifests_dir / patch["path"]
+            if not path.is_file():
+                out.problems.append(f"source {name}: patch {path} is missing (the stack pins sha256 {patch['sha256']})")
+                continue
+            found = sha256_of_file(path)
+            if found != patch["sha256"]:
+                out.problems.append(f"source {name}: patch {path} has sha256 {found}, the stack pins {patch['sha256']}")
+            out.entries.append(ContextEntry(patch_context_path(name, i, patch["path"]), 0o644, f"sha256:{found}",
+                                            file=str(path)))
+    out.entries.append(ContextEntry.of_bytes("patches/.keep", b""))
+    out.entries.extend(_kit_source_entries())
+    if platform == "cpu":
+        out.entries.extend(_wheelhouse_entries(stack_doc, workspace, dry_run, out))
+    return out
+
+
+def _manifests_dir() -> Path:
+    from kit.catalog import default_manifests_dir
+
+    return default_manifests_dir()
+
+
+def _kit_source_entries() -> list[ContextEntry]:
+    """The kit's own source (pyproject, kit/, kernels/): tracked and untracked-not-ignored files."""
+    proc = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "-co", "--exclude-standard", "-z", "kit", "kernels"],
+                          capture_output=True)
+    if proc.returncode == 0:
+        rels = sorted({p for p in proc.stdout.decode().split("\0") if p and (REPO_ROOT / p).is_file()})
+    else:  # not a checkout (an sdist): walk, skipping caches
+        rels = sorted(str(p.relative_to(REPO_ROOT)) for d in ("kit", "kernels") for p in (REPO_ROOT / d).rglob("*")
+                      if p.is_file() and "__pycache__" not in p.parts)
+    out = []
+    for rel in ["pyproject.toml", "README.md", *rels]:
+        path = REPO_ROOT / rel
+        if path.is_file():
+            out.append(ContextEntry.of_bytes(f"kit-src/{rel}", path.read_bytes()))
+    return out
+
+
+def wheelhouse_requirements(stack_doc: dict) -> list[str]:
+    return sorted([requirement(n, v) for n, v in stack_doc["packages"].items()] + list(WHEELHOUSE_BUILD_TOOLS))
+
+
+def _wheelhouse_entries(stack_doc: dict, workspace: Path, dry_run: bool, out: CollectedContext) -> list[ContextEntry]:
+    reqs = wheelhouse_requirements(stack_doc)
+    py = ".".join(stack_doc["python"].split(".")[:2])
+    host_py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    key = hashlib.sha256(json.dumps([py, reqs]).encode()).hexdigest()[:16]
+    directory = workspace / "wheelhouse" / key
+    sums = directory / "SHA256SUMS"
+    if not sums.is_file():
+        if dry_run:
+            out.notes.append(f"wheelhouse {directory} is not downloaded yet; the inputs sha256 will change when it is")
+            return [ContextEntry("wheelhouse/", 0o755, "pending:" + key)]
+        if py != host_py:
+            raise BadInput(f"the stack pins python {stack_doc['python']}; the wheelhouse is downloaded by this "
+                           f"host's python {host_py}, which must be the same minor version")
+        directory.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+                               "--dest", str(directory), *reqs], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BadInput(f"pip download into {directory} failed: {proc.stderr.strip()[-800:]}")
+        lines = []
+        for wheel in sorted(directory.glob("*.whl")):
+            lines.append(f"{hashlib.sha256(wheel.read_bytes()).hexdigest()}  {wheel.name}\n")
+        sums.write_text("".join(lines))
+    entries, lock = [], []
+    for line in sums.read_text().splitlines():
+        digest, name = line.split("  ", 1)
+        entries.append(ContextEntry(f"wheelhouse/{name}", 0o644, f"sha256:{digest}", file=str(directory / name)))
+        dist, version = name.split("-")[:2]
+        lock.append(f"{dist.lower().replace('_', '-')}=={version}\n")
+    entries.append(ContextEntry.of_bytes("wheelhouse/requirements.lock", "".join(sorted(lock)).encode()))
+    return entries
+
+
+# --- plan and build ---------------------------------------------------------------------------
+
+def plan_build(stack, platform: str, *, workspace: Path, overrides: dict[str, Path] | None = None,
+               dry_run: bool = False, client=None) -> BuildPlan:
+    """The full plan for ``stack`` on ``platform``; no engine needed when ``dry_run``."""
+    from kit import __version__
+
+    stack_doc, stack_sha, name = stack_parts(stack)
+    if platform not in PLATFORMS:
+        raise BadInput(f"unknown platform {platform!r}; accepted: {', '.join(PLATFORMS)}")
+    blocking = source_problems(stack_doc, platform)
+    if blocking:
+        raise BadInput(blocking[0])
+    base_id = None
+    entry = stack_doc["platforms"][platform]
+    if not dry_run and entry.get("unresolved"):
+        base_id = base_image_id(client or engine(), entry["base_image"])
+    collected = collect_context(stack_doc, platform, workspace=workspace, overrides=overrides, dry_run=dry_run)
+    return make_plan(stack_doc, stack_sha, platform, collected.entries, kit_version=__version__,
+                     commit_dates=collected.commit_dates, base_image_id=base_id,
+                     extra_problems=collected.problems, notes=collected.notes)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    tag: str
+    image_id: str
+    cached: bool
+    steps: int
+    durations_s: dict
+    record_path: Path | None
+    record: dict
+
+
+def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool = False, progress=None,
+                arm: str | None = None, sources_from: dict[str, str] | None = None) -> BuildResult:
+    """Build ``plan`` on the engine, stream its log through ``progress(step, total, elapsed, text)``,
+    and write the build record. CheckFailed (exit 1) when a build step fails."""
+    if plan.problems:
+        raise CheckFailed("; ".join(plan.problems))
+    client = client or engine()
+    t0 = time.monotonic()
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    tar = context_tar(plan.context)
+    t_context = time.monotonic() - t0
+    network = "none" if plan.platform == "cpu" else None   # the cpu build is hermetic
+    stream = client.api.build(fileobj=io.BytesIO(tar), custom_context=True, dockerfile=plan.dockerfile,
+                              tag=plan.tag, buildargs=plan.build_args, labels=plan.labels, rm=True, forcerm=True,
+                              nocache=nocache, pull=False, decode=True, network_mode=network)
+    step, total, current, image_id = 0, 0, "", None
+    hits: dict[int, bool] = {}
+    log: list[str] = []
+    for chunk in stream:
+        if "error" in chunk:
+            tail = "".join(log[-15:]).strip()
+            reason = _failure_reason(log, chunk["error"])
+            tail = "\n".join(tail.splitlines()[-(40 if os.environ.get("KIT_BUILD_VERBOSE") else 6):])
+            raise CheckFailed(f"build of {plan.tag} failed at step {step}/{total} ({current[:80]}): {reason}\n{tail}")
+        if "aux" in chunk and "ID" in chunk["aux"]:
+            image_id = chunk["aux"]["ID"]
+        text = chunk.get("stream", "")
+        if not text:
+            continue
+        log.append(text)
+        for line in text.splitlines():
+            m = _STEP_RE.match(line)
+            if m:
+                step, total, current = int(m.group(1)), int(m.group(2)), m.group(3)
+                # Only steps that make layers can miss the cache (ARG/FROM print no "Using cache").
+                hits[step] = not current.split(" ", 1)[0].upper() in ("RUN", "COPY", "ADD")
+                if progress:
+                    progress(step, total, time.monotonic() - t0, current)
+            elif "Using cache" in line and step:
+                hits[step] = True
+    if image_id is None:
+        image_id = client.images.get(plan.tag).id
+    total_s = time.monotonic() - t0
+    image = client.images.get(image_id)
+    version = client.version()
+    cached = bool(hits) and all(hits.values())
+    record = {
+        "schema": "rlk-kit/build-record/v1",
+        "tag": plan.tag,
+        "image_id": image_id,
+        "platform": plan.platform,
+        "stack": {"name": plan.stack_name, "sha256": plan.stack_sha256},
+        "inputs_sha256": plan.inputs_sha256,
+        "dockerfile": plan.dockerfile,
+        "build_args": plan.build_args,
+        "labels": image.labels or {},
+        "base_image": {"ref": plan.base_image, "unresolved": plan.base_unresolved, "id": plan.base_image_id},
+        "sources": [{"name": n, "commit": plan.build_args.get(f"{n.upper().replace('-', '_')}_COMMIT", ""), "from": f}
+                    for n, f in sorted((sources_from or {}).items())],
+        "context": {"files": len(plan.context), "bytes": len(tar), "sha256": hashlib.sha256(tar).hexdigest()},
+        "engine": {"version": version.get("Version", ""), "api_version": version.get("ApiVersion", ""),
+                   "os": version.get("Os", ""), "arch": version.get("Arch", "")},
+        "started_at": started,
+        "durations_s": {"context": round(t_context, 3), "total": round(total_s, 3)},
+        "cached": cached,
+        "steps": total,
+        "image_size_bytes": int(image.attrs.get("Size", 0)),
+    }
+    if arm:
+        record["arm"] = arm
+    fingerprint = _host_conformance_fingerprint()
+    if fingerprint is not None:
+        record["conformance_fingerprint"] = fingerprint
+    record_path = write_build_record(record, workspace)
+    return BuildResult(plan.tag, image_id, cached, total, record["durations_s"], record_path, record)
+
+
+def _failure_reason(log: list[str], error: str) -> str:
+    """The most specific line: an install-source or probe message when the build printed one."""
+    for text in reversed(log[-40:]):
+        for line in reversed(text.splitlines()):
+            if line.startswith("install-source:") or line.startswith("kit:") or "the stack pins" in line:
+                return line.strip()
+    return error.strip()
+
+
+def _host_conformance_fingerprint():
+    try:
+        from rlk_kernels.smoke import conformance_fingerprint  # type: ignore[import-not-found]
+    except Exception:
+        return None
+    try:
+        return conformance_fingerprint()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def write_build_record(record: dict, workspace: Path) -> Path:
+    from kit.documents import write_new_document
+
+    directory = workspace / "builds"
+    directory.mkdir(parents=True, exist_ok=True)
+    safe = record["tag"].replace("/", "_").replace(":", "_")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    return write_new_document(directory / f"{safe}-{stamp}.json", record, expected="build-record")
+
+
+# --- checks of existing images ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ImageCheck:
+    """Whether an image carries a stack: ``differences`` are (label or field, expected, found)."""
+
+    matches: bool
+    differences: list[tuple[str, str | None, str | None]]
+    image_id: str = ""
+
+
+def check_image(image_ref_or_id: str, stack, *, client=None) -> ImageCheck:
+    """Compare an image's labels and embedded stack document with ``stack`` (no container is run)."""
+    import docker
+
+    stack_doc, stack_sha, _ = stack_parts(stack)
+    client = client or engine()
+    try:
+        image = client.images.get(image_ref_or_id)
+    except docker.errors.ImageNotFound:
+        raise BadInput(f"image {image_ref_or_id!r} is not on this engine; build it with `kit build`") from None
+    found = image.labels or {}
+    platform = found.get("dev.rlk-kit.platform")
+    differences: list[tuple[str, str | None, str | None]] = []
+    if platform not in stack_doc.get("platforms", {}):
+        differences.append(("dev.rlk-kit.platform", "|".join(sorted(stack_doc.get("platforms", {}))), platform))
+    else:
+        for key, value in sorted(pin_labels(stack_doc, stack_sha, platform).items()):
+            if found.get(key) != value:
+                differences.append((key, value, found.get(key)))
+        expected_keys = set(pin_labels(stack_doc, stack_sha, platform))
+        for key in sorted(found):
+            if (key.startswith("dev.rlk-kit.package.") or key.startswith("dev.rlk-kit.source.")) and key not in expected_keys:
+                differences.append((key, None, found[key]))
+    embedded = read_embedded_stack(client, image.id)
+    if embedded is None:
+        differences.append((STACK_PATH, stack_sha, None))
+    else:
+        _, embedded_sha, _ = stack_parts(embedded)
+        if embedded_sha != stack_sha:
+            differences.append((f"{STACK_PATH} sha256", stack_sha, embedded_sha))
+    return ImageCheck(not differences, differences, image.id)
+
+
+def read_embedded_stack(client, image_id: str) -> dict | None:
+    """The stack document baked at /opt/rlk/stack.json, read from a created (never started) container."""
+    container = client.containers.create(image_id, command=["true"])
+    try:
+        try:
+            chunks, _ = container.get_archive(STACK_PATH)
+        except Exception:
+            return None
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = tar.getmembers()[0]
+            return json.loads(tar.extractfile(member).read())
+    finally:
+        container.remove(force=True)
+
+
+@dataclass(frozen=True)
+class ProbeCheck:
+    """Result of running the probe inside an image and comparing it with a stack."""
+
+    matches: bool
+    differences: list[tuple[str, str | None, str | None]]
+    observed: dict
+
+
+def verify_image_by_probe(image_ref: str, stack, *, client=None, timeout_s: int = 300) -> ProbeCheck:
+    """Run ``kit probe --json`` in a throwaway container of ``image_ref`` and compare it with ``stack``.
+
+    ``verify_image_by_probe("rlk-kit/smoke:cpu-…", catalog.stack("smoke")).differences`` lists
+    e.g. ``("sources.rl-kernel.tree", "<expected>", "<observed>")`` after a baked file was edited.
+    """
+    import docker
+
+    from kit.documents import require_valid
+    from kit.probe import identity_differences
+
+    stack_doc, _, _ = stack_parts(stack)
+    client = client or engine()
+    try:
+        client.images.get(image_ref)
+    except docker.errors.ImageNotFound:
+        raise BadInput(f"image {image_ref!r} is not on this engine; build it with `kit build`") from None
+    # The stack goes in through the environment so the probe reports exactly its packages and sources;
+    # exit 1 (pins differ) still prints the document, which is compared here again.
+    script = 'printf "%s" "$KIT_PROBE_STACK" > /tmp/kit-probe-stack.json && ' \
+             'exec kit probe --json --no-conformance --check-stack /tmp/kit-probe-stack.json'
+    container = client.containers.run(image_ref, command=["sh", "-c", script], detach=True, network_mode="none",
+                                      environment={"KIT_PROBE_STACK": json.dumps(stack_doc)})
+    try:
+        status = container.wait(timeout=timeout_s)
+        out = container.logs(stdout=True, stderr=False)
+        if status.get("StatusCode") not in (0, 1):
+            err = container.logs(stdout=False, stderr=True).decode(errors="replace").strip()[-500:]
+            raise CheckFailed(f"probe in {image_ref} exited {status.get('StatusCode')}: {err}")
+    finally:
+        container.remove(force=True)
+    from kit.documents import parse_json_bytes
+
+    observed = require_valid(parse_json_bytes(out, f"probe output of {image_ref}"), f"probe output of {image_ref}", "probe")
+    differences = identity_differences(observed, stack_doc)
+    return ProbeCheck(not differences, differences, observed)
