@@ -122,3 +122,52 @@ def compare_arms(a: Arm, b: Arm) -> Comparison:
     factors, notes = declared_between(a.document, b.document)
     diffs = classify(flatten(arm_view(a)), flatten(arm_view(b)), factors)
     return Comparison(a.name, b.name, tuple(diffs), factors, tuple(notes))
+
+
+# --- runs ------------------------------------------------------------------------------------------
+
+# Observed-identity fields that change from one run to the next without any software changing.
+RUN_VOLATILE_KEYS = frozenset({
+    "hostname", "host", "timestamp", "time", "created_at", "started_at", "finished_at", "observed_at", "probed_at",
+    "pid", "node_id", "node_ip", "ip", "address", "uptime", "boot_id", "container_id", "run_id", "run_dir",
+})
+
+
+def _without_volatile(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_volatile(v) for k, v in value.items() if k not in RUN_VOLATILE_KEYS}
+    if isinstance(value, list):
+        return [_without_volatile(v) for v in value]
+    return value
+
+
+def run_view(manifest: dict) -> dict:
+    """What defines a run for comparison: the arm's experiment fields, the stack content, the image id
+    and the observed identity (volatile fields such as hostnames and times removed)."""
+    from kit.stack import stack_identity
+
+    arm = manifest["arm"]
+    view = {k: v for k, v in arm.items() if k not in ARM_FIELDS_NOT_COMPARED}
+    view["stack"] = stack_identity(manifest["stack"]["document"])
+    image = manifest.get("image") or {}
+    view["image"] = {"id": image.get("id")}
+    view["observed"] = _without_volatile(manifest.get("observed_identity") or {})
+    return view
+
+
+def compare_run_manifests(manifest_a: dict, manifest_b: dict) -> Comparison:
+    """Every difference between two runs, declared factor or uncontrolled.
+
+    Factors come from the arms' ``comparison`` declarations. When a factor names the stack, the image
+    and the observed identity are expected to differ with it and are covered too. Example::
+
+        result = compare_run_manifests(read_manifest(a), read_manifest(b))
+        [d.path for d in result.uncontrolled]     # e.g. ['observed.packages.torch']
+    """
+    arm_a, arm_b = manifest_a["arm"], manifest_b["arm"]
+    factors, notes = declared_between(arm_a, arm_b)
+    if any(f == "stack" or f.startswith("stack.") for f in factors):
+        factors = tuple(factors) + ("image", "observed")
+        notes.append("the stack is a declared factor, so the image id and the observed identity may differ with it")
+    diffs = classify(flatten(run_view(manifest_a)), flatten(run_view(manifest_b)), tuple(factors))
+    return Comparison(manifest_a["run_id"], manifest_b["run_id"], tuple(diffs), tuple(factors), tuple(notes))

@@ -1,0 +1,122 @@
+"""`kit run`: an arm locally, in its container or on a Ray cluster, with sealed evidence."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from kit.cli._output import emit_json
+from kit.cli.plan import arm_selection_options, select_arm
+
+
+def default_workspace() -> Path:
+    return Path(os.environ.get("KIT_WORKSPACE") or ".workspace")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@arm_selection_options
+@click.option("--runtime", type=click.Choice(["local", "docker", "ray"]), default="local", show_default=True,
+              help="local: the smoke workload in this process; docker: the arm's image with a Ray head inside; "
+                   "ray: an existing cluster at --ray-address.")
+@click.option("--image", metavar="REF", help="docker: the image (default: the one labelled with the arm's stack sha256).")
+@click.option("--ray-address", metavar="URL", help="ray: the cluster's dashboard URL, e.g. http://head:8265.")
+@click.option("--network", metavar="NAME", help="docker: a named Docker network for the container (default bridge).")
+@click.option("--workspace", type=click.Path(path_type=Path, file_okay=False),
+              help="Workspace root; runs go to <workspace>/runs/<run-id> (default $KIT_WORKSPACE, else ./.workspace).")
+@click.option("--run-id", help="Run id (default <arm>-n<rollouts>-s<seed>-<UTC time>); never reusable.")
+@click.option("--rollouts", type=int, help="Number of rollouts (steps); default from the arm.")
+@click.option("--wait/--detach", default=True, show_default=True,
+              help="Follow the job to its end and seal (default), or submit and return (ray runtime only).")
+@click.option("--dry-run", is_flag=True, help="Print the plan and the manifest preview; create nothing.")
+@click.option("--allow-dirty", is_flag=True, help="Run from a kit checkout with uncommitted changes (recorded; not for published evidence).")
+@click.option("--sign-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              help="ed25519 private key (PEM or 32 raw bytes) that signs the seal.")
+@click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/run-status/v1 document (dry run: rlk-kit/run-dry-run/v1); no progress.")
+def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, runtime, image, ray_address, network,
+            workspace, run_id, rollouts, wait, dry_run, allow_dirty, sign_key, as_json):
+    """Run an arm and seal its evidence: plan → preflight → start → stream → collect → validate → seal.
+
+    The run dir <workspace>/runs/<run-id>/ gets manifest.json, arm.json, run.log (the job's own
+    output after one identity header line), kit.log, metrics.jsonl, validation.json, status.json
+    and, last, seal.json. Exit 0 sealed with every gate passed, 1 a job or gate failed (no seal
+    when the job failed), 2 bad input (a used run id, a VIME arm on --runtime local), 130 stopped
+    by Ctrl-C or SIGTERM (partial evidence kept, no seal).
+
+    \b
+    Examples:
+      kit run --arm smoke                                     # in-process, sealed
+      kit run --arm smoke --mode native --rollouts 5          # all operators P/P
+      kit run --arm smoke --runtime docker                    # the CPU smoke image
+      kit run --arm smoke --runtime ray --ray-address http://head:8265
+      kit run --arm G10 --dry-run --json                      # the plan, nothing created
+      kit verify .workspace/runs/<run-id>
+    """
+    from kit.plan import TopologyOverrides
+    from kit.run import RunRequest, execute
+
+    arm = select_arm(arm_ref, mode)
+    request = RunRequest(arm=arm, workspace=workspace or default_workspace(),
+                         overrides=TopologyOverrides(tp_size, cp_size, rollout_tp_size, rollout_cp_size),
+                         runtime=runtime, image=image, ray_address=ray_address, network=network, run_id=run_id,
+                         rollouts=rollouts, detach=not wait, dry_run=dry_run, allow_dirty=allow_dirty, sign_key=sign_key)
+    log = (lambda s: None) if as_json else (lambda s: click.echo(f"kit: {s}", err=True))
+    outcome = execute(request, progress=None if as_json else sys.stderr, log=log)
+    if outcome.document is not None:
+        if as_json:
+            emit_json(outcome.document)
+        else:
+            _print_dry_run(outcome.document)
+        return
+    status_doc = _status_document(outcome)
+    if as_json:
+        emit_json(status_doc)
+    else:
+        _print_summary(outcome)
+    if outcome.exit_code:
+        raise click.exceptions.Exit(outcome.exit_code)
+
+
+def _status_document(outcome) -> dict:
+    from kit.documents import read_json_file
+
+    return read_json_file(outcome.run_dir / "status.json")
+
+
+def _fmt(value, spec="") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+def _print_summary(outcome) -> None:
+    s = (outcome.validation or {}).get("summary", {})
+    rows = [
+        ("run", outcome.run_id),
+        ("status", outcome.status + (f" ({outcome.message})" if outcome.message else "")),
+        ("steps", f"{_fmt(s.get('steps_observed'))} of {_fmt(s.get('steps_expected'))}"),
+        ("reward (last)", _fmt(s.get("last_reward"), ".4f")),
+        ("mismatch (total)", _fmt(s.get("mismatch_count_total"), "g")),
+        ("max |Δlogp|", _fmt(s.get("max_abs_dlogp"), "g")),
+        ("step time", f"{_fmt(s.get('mean_step_time_s'), '.3f')} s" if s.get("mean_step_time_s") is not None else "-"),
+        ("gates", "passed" if (outcome.validation or {}).get("passed") else
+         "failed: " + ", ".join(g["id"] for g in (outcome.validation or {}).get("gates", []) if g["status"] == "failed")),
+    ]
+    if outcome.sealed:
+        rows.append(("sealed", f"{outcome.run_dir} (root {outcome.seal['root_sha256'][:16]}…)"))
+    else:
+        rows.append(("not sealed", str(outcome.run_dir)))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key:<{width}}  {value}")
+
+
+def _print_dry_run(doc: dict) -> None:
+    plan = doc["plan"]
+    click.echo(f"dry run: nothing created; the run dir would be {doc['run_dir']} ({doc['runtime']} runtime)")
+    click.echo(f"arm {plan['arm']['name']} on stack {plan['stack']['name']} ({plan['stack']['sha256'][:12]}), "
+               f"ray job {plan['ray_job']['submission_id']}")
+    click.echo("command:")
+    click.echo("  " + plan["command"]["shell"])

@@ -1,0 +1,378 @@
+"""Run gates as data: a table of gates (id, message, when it applies, the check) and a small engine.
+
+The same table validates smoke runs and VIME runs. Text gates read only the engine's own output
+(the job log lines), never lines the kit wrote (its header, the echoed command), and CUDA-graph
+evidence is taken only from the engine's configuration echo, never from the launcher's marker
+or the command line, which carry the same strings whether or not vLLM captured a graph
+(reference §12 item 6). The report records ``GATE_SET_VERSION``; any change to a gate's meaning
+bumps it, so two "passed" verdicts are comparable only under the same version. Example::
+
+    evidence = RunEvidence(arm=arm_doc, job_status="SUCCEEDED", engine_lines=log_lines)
+    report = evaluate(evidence, run_id="r1")
+    report["passed"], [g["id"] for g in report["gates"] if g["status"] == "failed"]
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable
+
+from kit.documents import schema_id
+from kit.vime.records import ANSI_RE, Record, RecordConflict, collect_steps, parse_records
+
+GATE_SET_VERSION = "rlk-kit-gates/1"
+REPORT_SCHEMA = schema_id("validation-report")
+
+MISMATCH_KEY = "train/train_current_rollout_logprob_mismatch_count"
+MAX_DIFF_KEY = "train/train_current_rollout_logprob_max_abs_diff"
+MEAN_DIFF_KEY = "train/train_rollout_logprob_abs_diff"
+MODULES = ("attention", "ffn", "logp")
+SIDES = (("megatron", "training", 0), ("vllm", "rollout", 1))   # framework, target, index of the case letter
+SMOKE_MODEL_RE = re.compile(r"smoke model \S+: config_sha256=([0-9a-f]{64}) weights_sha256=([0-9a-f]{64})")
+
+TRACEBACK = "Traceback (most recent call last)"
+OOM_RE = re.compile(r"out of memory|OutOfMemoryError|\boom[- ]?kill", re.IGNORECASE)
+FALLBACK_RE = re.compile(r"fallback=true", re.IGNORECASE)
+ROUTE_RE = re.compile(r"\[RL-Kernel\]\[route\]\s+framework=(\S+)\s+target=(\S+)\s+module=(\S+)\s+"
+                      r"requested=(\S+)\s+actual=(\S+)\s+fallback=(\S+)")
+# vLLM's config echo: ``cudagraph_mode=<CUDAGraphMode.FULL_DECODE_ONLY: 2>`` or
+# ``'cudagraph_mode': <CUDAGraphMode.FULL_DECODE_ONLY: 2>``. The command line's compact JSON
+# (``"cudagraph_mode":"FULL_DECODE_ONLY"``) quotes the value, so it does not match.
+ENGINE_GRAPH_MODE_RE = re.compile(r"cudagraph_mode'?\s*[:=]\s*<?(?:CUDAGraphMode\.)?FULL_DECODE_ONLY\b")
+ENGINE_CAPTURE_RE = re.compile(r"'cudagraph_capture_sizes':\s*\[([0-9,\s]*)\]")
+# Lines that repeat what the launcher asked for, not what the engine did.
+COMMAND_ECHO_MARKERS = ("--vllm-compilation-config", "full-decode CUDA Graph capture sizes")
+COMMAND_ECHO_RE = re.compile(r"\btrain\.py\b.*\s--[a-z]")
+
+
+@dataclass(frozen=True)
+class RunEvidence:
+    """What the gates read: the resolved arm, the job's terminal status, the engine's log lines
+    and the operator readbacks the run wrote (``(file name, document)``)."""
+
+    arm: dict
+    job_status: str
+    engine_lines: tuple[str, ...] | list[str]
+    readbacks: tuple[tuple[str, dict], ...] = ()
+    inputs: dict | None = None          # the manifest's input hashes, checked against what the engine reports
+
+    @cached_property
+    def lines(self) -> list[str]:
+        return [ANSI_RE.sub("", line.rstrip("\n")) for line in self.engine_lines]
+
+    @cached_property
+    def records(self) -> list[Record]:
+        return list(parse_records(self.lines))
+
+    @cached_property
+    def steps(self):
+        """``{step: StepRecords}``, or the RecordConflict that prevented grouping."""
+        try:
+            return collect_steps(self.records)
+        except RecordConflict as exc:
+            return exc
+
+    @property
+    def expected_steps(self) -> int:
+        return int(self.arm["workload"]["rollouts"])
+
+    @property
+    def all_strict(self) -> bool:
+        return all(case == "R/R" for case in self.arm["operators"].values())
+
+    @cached_property
+    def routes(self) -> list[dict]:
+        out = []
+        for number, line in enumerate(self.lines, start=1):
+            m = ROUTE_RE.search(line)
+            if m:
+                out.append(dict(zip(("framework", "target", "module", "requested", "actual", "fallback"), m.groups()),
+                                line=number))
+        return out
+
+
+@dataclass(frozen=True)
+class Gate:
+    id: str
+    message: str                                   # what passing means, in one line
+    check: Callable[[RunEvidence], list[str]]      # the problems found; [] passes
+    applies: Callable[[RunEvidence], bool] = field(default=lambda ev: True)
+    applies_when: str = "always"
+
+
+# --- checks -------------------------------------------------------------------------------------
+
+def _job_succeeded(ev: RunEvidence) -> list[str]:
+    return [] if ev.job_status == "SUCCEEDED" else [f"job status is {ev.job_status or 'missing'}, expected SUCCEEDED"]
+
+
+def _train_steps(ev: RunEvidence):
+    steps = ev.steps
+    if isinstance(steps, RecordConflict):
+        return None, [str(steps)]
+    return {s: r for s, r in steps.items() if "train" in r.payloads}, []
+
+
+def _steps_once(ev: RunEvidence) -> list[str]:
+    train, problems = _train_steps(ev)
+    if problems:
+        return problems
+    expected = set(range(ev.expected_steps))
+    seen = set(train)
+    out = []
+    if expected - seen:
+        out.append(f"missing step records: {_ranges(sorted(expected - seen))} (expected 0..{ev.expected_steps - 1})")
+    if seen - expected:
+        out.append(f"unexpected step records: {_ranges(sorted(seen - expected))} (expected 0..{ev.expected_steps - 1})")
+    return out
+
+
+def _rr_zero(ev: RunEvidence) -> list[str]:
+    train, problems = _train_steps(ev)
+    if problems:
+        return problems
+    out = []
+    for step, rec in sorted(train.items()):
+        for key in (MISMATCH_KEY, MAX_DIFF_KEY):
+            value = rec.payloads["train"].get(key)
+            if value is None:
+                out.append(f"step {step}: {key} is missing")
+            elif value != 0:
+                out.append(f"step {step}: {key} = {value!r}, an R/R arm needs exactly 0")
+    return out[:20] + ([f"... and {len(out) - 20} more"] if len(out) > 20 else [])
+
+
+def _finite(ev: RunEvidence) -> list[str]:
+    out = []
+    for rec in ev.records:
+        for key, value in _leaves(rec.payload):
+            if isinstance(value, float) and not math.isfinite(value):
+                out.append(f"line {rec.line_number}: {rec.kind} {rec.step} {key} is {value!r}")
+    return out[:20] + ([f"... and {len(out) - 20} more"] if len(out) > 20 else [])
+
+
+def _leaves(value, prefix=""):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{prefix}[{i}]")
+    else:
+        yield prefix, value
+
+
+def _scan(pattern) -> Callable[[RunEvidence], list[str]]:
+    def check(ev: RunEvidence) -> list[str]:
+        hits = []
+        for number, line in enumerate(ev.lines, start=1):
+            found = (pattern in line) if isinstance(pattern, str) else pattern.search(line)
+            if found:
+                hits.append(f"job log line {number}: {line.strip()[:200]}")
+        return hits[:10] + ([f"... and {len(hits) - 10} more"] if len(hits) > 10 else [])
+    return check
+
+
+def is_command_echo(line: str) -> bool:
+    """A line that repeats the launcher's request (command line, entrypoint marker)."""
+    return any(m in line for m in COMMAND_ECHO_MARKERS) or bool(COMMAND_ECHO_RE.search(line))
+
+
+def _cuda_graph(ev: RunEvidence) -> list[str]:
+    expected = sorted(ev.arm["graph"]["capture_sizes"])
+    engine = [line for line in ev.lines if not is_command_echo(line)]
+    out = []
+    if not any(ENGINE_GRAPH_MODE_RE.search(line) for line in engine):
+        out.append("no engine configuration line shows cudagraph_mode FULL_DECODE_ONLY")
+    if not any("enforce_eager=False" in line for line in engine):
+        out.append("no engine configuration line shows enforce_eager=False")
+    sizes_seen = []
+    for line in engine:
+        for m in ENGINE_CAPTURE_RE.finditer(line):
+            sizes_seen.append(sorted(int(x) for x in m.group(1).replace(" ", "").split(",") if x))
+    if expected not in sizes_seen:
+        shown = f"; the engine reported {sizes_seen[0]}" if sizes_seen else ""
+        out.append(f"no engine configuration line shows capture sizes {expected}{shown}")
+    return out
+
+
+def _expected_side(case: str, index: int) -> str:
+    return "rl_kernel" if case.split("/")[index] == "R" else "production"
+
+
+def _routes(ev: RunEvidence) -> list[str]:
+    out = []
+    by_key = {}
+    for route in ev.routes:   # the side is the target (training/rollout), whatever the framework is called
+        by_key.setdefault((route["target"], route["module"]), []).append(route)
+    for _, target, index in SIDES:
+        for module in MODULES:
+            case = ev.arm["operators"][module]
+            want = _expected_side(case, index)
+            routes = by_key.get((target, module), [])
+            if not routes:
+                if ev.arm["engine"] == "smoke":
+                    out.append(f"no [RL-Kernel][route] line for target {target} module {module}")
+                continue
+            for route in routes:
+                framework = route["framework"]
+                if route["requested"] != want:
+                    out.append(f"job log line {route['line']}: {framework}/{target} {module} requested "
+                               f"{route['requested']}, the arm's case {case} needs {want}")
+                if route["fallback"].lower() != "false":
+                    out.append(f"job log line {route['line']}: {framework}/{target} {module} fell back")
+    return out
+
+
+def _readbacks(ev: RunEvidence) -> list[str]:
+    """Reference §3.2 G2 over ``readbacks/*.json``: each side installed, called and on the arm's case."""
+    out = []
+    for framework, target, index in SIDES:
+        docs = [(name, d) for name, d in ev.readbacks if d.get("framework") == framework and d.get("target") == target]
+        if not docs:
+            out.append(f"missing {framework}/{target} readback")
+            continue
+        for name, doc in docs:
+            if doc.get("fallbacks"):
+                out.append(f"readbacks/{name}: fallbacks {doc['fallbacks']!r}")
+        for module in MODULES:
+            case = ev.arm["operators"][module]
+            want = _expected_side(case, index)
+            if framework == "megatron" and module == "logp" and want == "production":
+                continue  # VIME's native logp installs no hook; the sidecar marker proves the path
+            records = [(name, d.get("operators", {}).get(module)) for name, d in docs]
+            records = [(name, r) for name, r in records if isinstance(r, dict)]
+            installed = any(module in d.get("installed_hooks", []) for _, d in docs)
+            calls = sum(int(r.get("call_count", 0) or 0) for _, r in records)
+            if not installed:
+                out.append(f"{framework}/{target} {module}: no readback lists it in installed_hooks")
+            if calls <= 0:
+                out.append(f"{framework}/{target} {module}: call_count is 0")
+            for name, r in records:
+                if r.get("implementation") != want:
+                    out.append(f"readbacks/{name}: {module} implementation {r.get('implementation')!r}, expected {want!r}")
+                if r.get("case_id") != case:
+                    out.append(f"readbacks/{name}: {module} case_id {r.get('case_id')!r}, expected {case!r}")
+                if (r.get("provenance") or {}).get("fallback") is True:
+                    out.append(f"readbacks/{name}: {module} provenance.fallback is true")
+                backend = str(r.get("backend_id") or "")
+                if want == "rl_kernel" and not backend.startswith("rlkernel."):
+                    out.append(f"readbacks/{name}: {module} backend_id {backend!r} does not start with 'rlkernel.'")
+                if want == "production" and backend.startswith("rlkernel."):
+                    out.append(f"readbacks/{name}: {module} is production but reports backend_id {backend!r}")
+    return out
+
+
+def _model_identity(ev: RunEvidence) -> list[str]:
+    model = (ev.inputs or {}).get("model") or {}
+    reported = [m.groups() for m in map(SMOKE_MODEL_RE.search, ev.lines) if m]
+    if not reported:
+        return ["the engine printed no 'smoke model ...: config_sha256=... weights_sha256=...' line"]
+    out = []
+    for config_sha, weights_sha in reported:
+        if config_sha != model.get("config_sha256"):
+            out.append(f"engine model config_sha256 {config_sha}, the manifest records {model.get('config_sha256')}")
+        if weights_sha != model.get("weights_sha256"):
+            out.append(f"engine initial weights_sha256 {weights_sha}, the manifest records {model.get('weights_sha256')}")
+    return out
+
+
+def _ranges(values: list[int]) -> str:
+    parts, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            parts.append(str(start) if start == v else f"{start}..{v}")
+            start = None
+    return ", ".join(parts)
+
+
+def _graph_required(ev: RunEvidence) -> bool:
+    return ev.arm["engine"] == "vime" and ev.arm["graph"]["mode"] != "NONE"
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+GATES: tuple[Gate, ...] = (
+    Gate("job-succeeded", "the job reached the terminal state SUCCEEDED", _job_succeeded),
+    Gate("steps-once", "steps 0..N-1 each have exactly one train record (identical repeats collapse, conflicting ones fail)",
+         _steps_once),
+    Gate("rr-bitwise-zero", "R/R arm: mismatch count 0 and max |Δlogp| 0 on every step", _rr_zero,
+         lambda ev: ev.all_strict, "every operator is R/R"),
+    Gate("finite-metrics", "no metric in any rollout/step/perf record is inf or nan", _finite),
+    Gate("no-traceback", f"the engine printed no {TRACEBACK!r}", _scan(TRACEBACK)),
+    Gate("no-oom", "the engine reported no out-of-memory", _scan(OOM_RE)),
+    Gate("no-fallback", "the engine printed no fallback=true", _scan(FALLBACK_RE)),
+    Gate("cuda-graph-engine", "vLLM's own configuration echo shows FULL_DECODE_ONLY graphs, enforce_eager=False and the arm's capture sizes",
+         _cuda_graph, _graph_required, "vime arm with graph mode other than NONE"),
+    Gate("operator-routes", "every [RL-Kernel][route] line requests the side the arm's case names, without fallback",
+         _routes, lambda ev: ev.arm["engine"] == "smoke" or bool(ev.routes), "smoke arm, or the run printed route lines"),
+    Gate("model-identity", "the model config and initial weights the engine reports are the ones the manifest records",
+         _model_identity, lambda ev: ev.arm["engine"] == "smoke" and bool((ev.inputs or {}).get("model")),
+         "smoke arm whose manifest records the model hashes"),
+    Gate("operator-readbacks", "readbacks show every module installed, called and on the arm's case (reference §3.2 G2)",
+         _readbacks, lambda ev: bool(ev.readbacks), "the run wrote readbacks/*.json"),
+)
+
+
+def evaluate(ev: RunEvidence, *, run_id: str, gates: tuple[Gate, ...] = GATES) -> dict:
+    """Apply every gate; the report (validation-report/v1) lists each with its status and problems."""
+    results = []
+    for gate in gates:
+        if not gate.applies(ev):
+            results.append({"id": gate.id, "message": gate.message, "status": "not_applicable",
+                            "applies_when": gate.applies_when, "problems": []})
+            continue
+        try:
+            problems = gate.check(ev)
+        except Exception as exc:  # a gate that cannot read its evidence fails; it never passes silently
+            problems = [f"{type(exc).__name__}: {exc}"]
+        results.append({"id": gate.id, "message": gate.message, "status": "failed" if problems else "passed",
+                        "applies_when": gate.applies_when, "problems": [str(p) for p in problems]})
+    return {
+        "schema": REPORT_SCHEMA,
+        "gate_set_version": GATE_SET_VERSION,
+        "run_id": run_id,
+        "arm": ev.arm["name"],
+        "passed": all(r["status"] != "failed" for r in results),
+        "gates": results,
+        "summary": summarize(ev),
+    }
+
+
+REWARD_KEYS = ("rollout/raw_reward", "rollout/rewards")
+STEP_TIME_KEYS = ("perf/step_time",)
+
+
+def summarize(ev: RunEvidence) -> dict:
+    """Figures for the run's summary table: steps seen, last reward, mismatch totals, mean step time."""
+    steps = ev.steps if not isinstance(ev.steps, RecordConflict) else {}
+    train = [s for s in steps.values() if "train" in s.payloads]
+    mismatches = [s.value(MISMATCH_KEY) for s in train if _number(s.value(MISMATCH_KEY))]
+    maxdiffs = [s.value(MAX_DIFF_KEY) for s in train if _number(s.value(MAX_DIFF_KEY))]
+    times = [s.value(k) for s in steps.values() for k in STEP_TIME_KEYS if _number(s.value(k))]
+    last = steps[max(steps)] if steps else None
+    reward = next((last.value(k) for k in REWARD_KEYS if last and _number(last.value(k))), None)
+    return {
+        "steps_expected": ev.expected_steps,
+        "steps_observed": len(train),
+        "last_reward": _json_number(reward),
+        "mismatch_count_total": _json_number(sum(mismatches)) if mismatches else None,
+        "mismatch_count_last": _json_number(mismatches[-1]) if mismatches else None,
+        "max_abs_dlogp": _json_number(max(maxdiffs)) if maxdiffs else None,
+        "mean_step_time_s": _json_number(sum(times) / len(times)) if times else None,
+    }
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _json_number(v):
+    if v is None or not _number(v) or not math.isfinite(v):
+        return None
+    return v

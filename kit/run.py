@@ -1,0 +1,444 @@
+"""Run: one execution of an arm — plan → preflight → start → stream → collect → validate → seal.
+
+The pure steps (the job spec, the manifest, the status document, metrics lines) are functions over
+documents; the shells (Docker, Ray, the in-process workload) live in ``kit.runtimes``. The run dir
+is created only after preflight proved the software identity, so a refused image or cluster
+consumes no run id. Example::
+
+    outcome = execute(RunRequest(arm=catalog.arm("smoke"), workspace=Path(".workspace"), rollouts=3))
+    outcome.status, outcome.sealed, outcome.run_dir     # ('succeeded', True, PosixPath('.workspace/runs/smoke-…'))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, TextIO
+
+from kit import evidence as E
+from kit.documents import canonical_json, schema_id, sha256_of_document, sha256_of_file, write_new_document
+from kit.errors import BadInput
+from kit.redact import Redactor, is_secret_name, redact_env
+
+INTERRUPTED_EXIT = 130
+KIT_ROOT = Path(__file__).resolve().parent.parent
+REPO_PATHS = ("kit", "kernels", "manifests", "pyproject.toml")
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    arm: object                       # kit.arm.Arm
+    workspace: Path
+    overrides: object = None          # kit.plan.TopologyOverrides
+    runtime: str = "local"
+    image: str | None = None
+    ray_address: str | None = None
+    network: str | None = None
+    run_id: str | None = None
+    rollouts: int | None = None
+    detach: bool = False
+    dry_run: bool = False
+    allow_dirty: bool = False
+    sign_key: Path | None = None
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    run_dir: Path | None
+    status: str                        # planned | succeeded | failed | interrupted | detached
+    job_status: str | None = None
+    validation: dict | None = None
+    seal: dict | None = None
+    message: str = ""
+    document: dict | None = None       # dry run: what would be written
+
+    @property
+    def sealed(self) -> bool:
+        return self.seal is not None
+
+    @property
+    def exit_code(self) -> int:
+        if self.status in ("planned", "detached"):
+            return 0
+        if self.status == "interrupted":
+            return INTERRUPTED_EXIT
+        return 0 if self.status == "succeeded" and self.validation and self.validation["passed"] else 1
+
+
+# --- pure pieces -------------------------------------------------------------------------------------
+
+def job_spec(plan: dict, argv: list[str], *, image_id: str | None, manifest_sha256: str, working_dir: str | None = None):
+    """The Jobs API submission: submission id from the run id; metadata binds image, stack and manifest."""
+    from kit.runtimes import JobSpec
+
+    env = dict(plan["ray_job"]["runtime_env"]["env_vars"])
+    entry = shlex.join(argv)
+    wd = plan["ray_job"]["runtime_env"].get("working_dir")
+    if plan["arm"]["engine"] == "vime" and wd:
+        entry = f"cd {shlex.quote(wd)} && {entry}"   # an in-image directory: not uploadable as working_dir
+    metadata = {"run_id": plan["run_id"], "arm": plan["arm"]["name"], "stack_sha256": plan["stack"]["sha256"],
+                "image_id": image_id or "none", "manifest_sha256": manifest_sha256}
+    return JobSpec(plan["ray_job"]["submission_id"], entry, list(argv), env, working_dir, metadata)
+
+
+def smoke_inputs(arm_doc: dict) -> dict:
+    """Hashes of the smoke workload's inputs: its built-in prompt set and its model (config, initial weights)."""
+    import hashlib as _h
+
+    from rlk_kernels.model import init_weights, weights_sha256
+    from rlk_kernels.smoke import SmokeConfig, prompt_set
+
+    config = SmokeConfig.from_arm(arm_doc)
+    prompts, answers = prompt_set()
+    digest = _h.sha256(prompts.contiguous().numpy().tobytes() + b"|" + answers.contiguous().numpy().tobytes()).hexdigest()
+    return {"prompt_data": {"source": "rlk_kernels.smoke.prompt_set()", "sha256": digest, "count": int(prompts.shape[0])},
+            "model": {"source": f"rlk_kernels.model.init_weights(seed={config.seed})", "name": config.model.name,
+                      "config_sha256": config.model.config_sha256,
+                      "weights_sha256": weights_sha256(init_weights(config.model, config.seed))},
+            "checkpoint": None}
+
+
+def file_inputs(paths: dict[str, Path | None], cache: Path) -> dict:
+    """sha256 of prompt data / model / checkpoint files or trees, cached by path, size and mtime."""
+    from kit.inputs import hash_file_cached, hash_tree, tree_sha256, HashCache
+
+    out = {}
+    for name, path in paths.items():
+        if path is None:
+            out[name] = None
+        elif Path(path).is_dir():
+            files = hash_tree(path, cache)
+            out[name] = {"path": str(path), "sha256": tree_sha256(files), "files": len(files)}
+        else:
+            c = HashCache(cache)
+            out[name] = {"path": str(path), "sha256": hash_file_cached(path, c)}
+            c.save()
+    return out
+
+
+def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job: dict, env_host: dict,
+                   inputs: dict, repository: dict, allow_dirty: bool, runtime_kind: str) -> dict:
+    from kit import __version__
+
+    redacted = sorted({k for k in (*env_job, *env_host) if is_secret_name(k)})
+    ray_job = dict(plan["ray_job"])
+    ray_job["metadata"] = dict(ray_job["metadata"], manifest_sha256="<the sha256 of this manifest.json>",
+                               image_id=(described.get("image") or {}).get("id") or "none")
+    ray_job["entrypoint"] = shlex.join(argv)
+    ray_job["runtime_env"] = {**ray_job["runtime_env"], "env_vars": redact_env(env_job)}
+    return {
+        "schema": schema_id("run-manifest"),
+        "run_id": plan["run_id"],
+        "created_at": E.utc_now(),
+        "kit_version": __version__,
+        "arm": plan["arm"],
+        "arm_sha256": sha256_of_document(plan["arm"]),
+        "stack": {"name": arm.stack.name, "sha256": arm.stack.sha256, "document": arm.stack.document},
+        "runtime": described["runtime"] | {"kind": runtime_kind},
+        "image": described.get("image"),
+        "observed_identity": described.get("observed_identity"),
+        "identity_differences": [list(d) for d in described.get("identity_differences", [])],
+        "host": described["host"],
+        "gpus": described["gpus"],
+        "ray_cluster": described.get("ray_cluster"),
+        "commands": {"train": list(argv), "shell": shlex.join(argv),
+                     "entrypoint_appended": plan["command"]["entrypoint_appended"],
+                     "ray_start": (described.get("ray_cluster") or {}).get("start_command")},
+        "ray_job": ray_job if runtime_kind != "local" else None,
+        "environment": {"job": redact_env(env_job), "host": redact_env(env_host), "redacted_names": redacted},
+        "inputs": inputs,
+        "repository": {"allow_dirty": allow_dirty, "state": repository},
+        "topology": plan["topology"],
+        "plan": {"capture_sizes": plan["capture_sizes"], "evidence_level": plan["evidence_level"],
+                 "image_requirements": plan["image"]},
+    }
+
+
+def metrics_lines(records) -> str:
+    """metrics.jsonl: one record a line; inf/nan (not JSON) become the strings "Infinity", "-Infinity", "NaN"."""
+    def clean(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+        if isinstance(v, dict):
+            return {str(k): clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+    return "".join(json.dumps({"kind": r.kind, "step": r.step, "job_log_line": r.line_number, "payload": clean(r.payload)},
+                              sort_keys=True) + "\n" for r in records)
+
+
+def header_line(run_id: str, arm: str, stack_sha256: str, image_id: str | None, manifest_sha256: str, runtime: str) -> str:
+    return (f"# rlk-kit run {run_id} arm={arm} stack_sha256={stack_sha256} image_id={image_id or 'none'} "
+            f"manifest_sha256={manifest_sha256} runtime={runtime} (the lines below are the job's own output)\n")
+
+
+# --- shells --------------------------------------------------------------------------------------------
+
+def repository_state(root: Path = KIT_ROOT) -> dict:
+    """The kit checkout's revision and whether the paths that shape a run are dirty (reference §2.7)."""
+    if not (root / ".git").exists():
+        return {"git": False, "root": str(root), "dirty": False, "note": "not a git checkout (installed package)"}
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=60)
+
+    head = git("rev-parse", "HEAD").stdout.decode().strip() or None
+    status = [l for l in git("status", "--porcelain=v1", "--untracked-files=all", "--", *REPO_PATHS)
+              .stdout.decode(errors="replace").splitlines() if l.strip()]
+    diff = git("diff", "--binary", "HEAD", "--", *REPO_PATHS).stdout
+    return {"git": True, "root": str(root), "revision": head, "dirty": bool(status), "status": status[:200],
+            "tracked_diff_sha256": hashlib.sha256(diff).hexdigest()}
+
+
+class Progress:
+    """Steps done of N from the step records, ETA and the last mismatch count, on stderr."""
+
+    def __init__(self, total: int, stream: TextIO | None):
+        self.total, self.stream = total, stream
+        self.done, self.started, self.last_print = 0, time.monotonic(), 0.0
+        self.mismatch = None
+        self.tty = bool(stream) and hasattr(stream, "isatty") and stream.isatty()
+
+    def record(self, rec) -> None:
+        if self.stream is None or rec.kind != "step":
+            return
+        self.done += 1
+        self.mismatch = rec.payload.get("train/train_current_rollout_logprob_mismatch_count", self.mismatch)
+        now = time.monotonic()
+        if self.tty or now - self.last_print >= 2.0 or self.done == self.total:
+            self.last_print = now
+            elapsed = now - self.started
+            eta = elapsed / self.done * max(self.total - self.done, 0)
+            text = f"step {self.done}/{self.total}  ETA {eta:5.0f} s  last mismatch {self.mismatch}"
+            self.stream.write(("\r" + text + ("\n" if self.done == self.total else "")) if self.tty else text + "\n")
+            self.stream.flush()
+
+    def finish(self) -> None:
+        if self.stream is not None and self.tty and self.done != self.total:
+            self.stream.write("\n")
+
+
+class _Signals:
+    """Ctrl-C and SIGTERM set a flag the stream loop reads; the job is stopped, evidence kept, no traceback."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:   # not the main thread: leave the handlers alone
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        self.received = signum
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def plan_for(request: RunRequest) -> dict:
+    from kit import image_layout as L
+    from kit.plan import TopologyOverrides, resolve_plan
+
+    workspace = str(request.workspace.resolve()) if request.runtime == "local" else L.WORKSPACE
+    run_id = request.run_id or default_run_id(request.arm, request.rollouts)
+    return resolve_plan(request.arm, request.overrides or TopologyOverrides(), run_id=run_id,
+                        rollouts=request.rollouts, workspace=workspace)
+
+
+def default_run_id(arm, rollouts: int | None) -> str:
+    """``kit.plan.default_run_id`` with the rollout count the run actually uses."""
+    import datetime as _dt
+
+    wl = arm.workload
+    now = _dt.datetime.now(_dt.timezone.utc)
+    return f"{arm.name.lower()}-n{rollouts or wl['rollouts']}-s{wl['seed']}-{now.strftime('%Y%m%dT%H%M%S%fZ')}"
+
+
+def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callable[[str], None] = lambda s: None) -> RunOutcome:
+    """The whole run; never raises for a job that fails or is interrupted (that is the outcome)."""
+    from kit.gates import GATE_SET_VERSION, RunEvidence, evaluate
+    from kit.runtimes import make_runtime
+    from kit.vime.records import parse_records
+
+    if request.detach and request.runtime != "ray":
+        raise BadInput("--detach needs --runtime ray: the local and docker runtimes stop what they started")
+    if request.runtime == "local" and request.arm.engine != "smoke":
+        raise BadInput(f"--runtime local: arm {request.arm.name} is a {request.arm.engine} arm; its engines exist only "
+                       f"in its image: use --runtime docker (kit build {request.arm.platform} --arm {request.arm.name}) "
+                       "or --runtime ray")
+    plan = plan_for(request)
+    run_id = plan["run_id"]
+    workspace = request.workspace.resolve()
+    if request.dry_run:
+        return RunOutcome(run_id, None, "planned", document=dry_run_document(request, plan))
+    used = E.run_id_in_use(workspace, run_id) if workspace.exists() else None
+    if used:
+        raise BadInput(f"--run-id {run_id}: already used in this workspace ({used}); run ids are never reused, pick a new one")
+    repo = repository_state()
+    if repo.get("dirty") and not request.allow_dirty:
+        shown = ", ".join(line[3:] for line in repo["status"][:5])
+        raise BadInput(f"refusing a run from a dirty kit checkout ({repo['root']}: {len(repo['status'])} changed paths, "
+                       f"e.g. {shown}); commit them, or pass --allow-dirty for a development run (recorded in the manifest)")
+
+    runtime = make_runtime(request.runtime, arm=request.arm, image=request.image, workspace=workspace, run_id=run_id,
+                           ray_address=request.ray_address, network=request.network)
+    started = time.monotonic()
+    with _Signals() as signals:
+        try:
+            log(f"preflight ({request.runtime})")
+            runtime.preflight()
+            if signals.received:
+                return RunOutcome(run_id, None, "interrupted", message="interrupted during preflight; nothing was started")
+            described = runtime.describe()
+            run_dir = E.create_run_dir(workspace, run_id)
+            return _run_in_dir(request, plan, runtime, described, run_dir, repo, signals, started, progress, log)
+        finally:
+            runtime.close()
+
+
+def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals, started, progress, log) -> RunOutcome:
+    from kit.gates import GATE_SET_VERSION, RunEvidence, evaluate
+    from kit.vime.records import parse_records
+
+    run_id = plan["run_id"]
+    arm_doc = plan["arm"]
+    E.write_new_text(run_dir, E.ARM_FILE, json.dumps(arm_doc, indent=2, sort_keys=True) + "\n")
+    argv = runtime.job_argv(plan, str(run_dir))
+    env_job = dict(plan["ray_job"]["runtime_env"]["env_vars"])
+    env_host = dict(os.environ)
+    redactor = Redactor.from_env(env_host, env_job)
+    inputs = smoke_inputs(arm_doc) if arm_doc["engine"] == "smoke" else \
+        {"prompt_data": None, "model": None, "checkpoint": None}
+    manifest = build_manifest(plan=plan, arm=request.arm, described=described, argv=argv, env_job=env_job,
+                              env_host=env_host, inputs=inputs, repository=repo, allow_dirty=request.allow_dirty,
+                              runtime_kind=request.runtime)
+    E.write_document(run_dir, E.MANIFEST, redactor.document(manifest))
+    manifest_sha = sha256_of_file(run_dir / E.MANIFEST)
+    image_id = (described.get("image") or {}).get("id")
+    spec = job_spec(plan, argv, image_id=image_id, manifest_sha256=manifest_sha)
+    kit_log = open(run_dir / E.KIT_LOG, "x", encoding="utf-8")
+    run_log = open(run_dir / E.RUN_LOG, "x", encoding="utf-8")
+    engine_lines: list[str] = []
+    bar = Progress(int(arm_doc["workload"]["rollouts"]), progress)
+
+    def kit_event(text: str) -> None:
+        kit_log.write(f"{E.utc_now()} {redactor.text(text)}\n")
+        kit_log.flush()
+        log(text)
+
+    def emit(line: str) -> None:
+        line = redactor.text(line.rstrip("\n"))
+        engine_lines.append(line)
+        run_log.write(line + "\n")
+        run_log.flush()
+        for rec in parse_records([line]):
+            bar.record(rec)
+
+    status, job_status, message = "failed", None, ""
+    workload_started = time.monotonic()
+    try:
+        run_log.write(header_line(run_id, arm_doc["name"], request.arm.stack.sha256, image_id, manifest_sha, request.runtime))
+        run_log.flush()
+        kit_event(f"run dir {run_dir}")
+        kit_event(f"submit {spec.submission_id}: {spec.entrypoint}")
+        if hasattr(runtime, "set_arm_document"):
+            runtime.set_arm_document(arm_doc)
+        runtime.submit(spec)
+        if request.detach:
+            kit_event("detached: the job keeps running on the cluster; this run dir is not sealed")
+            status, job_status = "detached", "RUNNING"
+        else:
+            job_status = runtime.follow(emit, lambda: signals.received is not None)
+            kit_event(f"job {spec.submission_id} ended {job_status}")
+            if signals.received is not None:
+                status, message = "interrupted", f"stopped by signal {signal.Signals(signals.received).name}"
+            elif job_status == "SUCCEEDED":
+                status = "succeeded"
+            else:
+                status = "failed"
+                message = "the cluster or container stopped answering" if job_status == "LOST" else f"job ended {job_status}"
+    except Exception as exc:   # the shells' failures end the run as failed with evidence, never a traceback
+        status, message = ("interrupted", "interrupted") if signals.received else ("failed", f"{type(exc).__name__}: {exc}")
+        kit_event(f"error: {message}")
+    finally:
+        workload_s = time.monotonic() - workload_started
+        bar.finish()
+        run_log.close()
+        if hasattr(runtime, "stop_job") and status == "interrupted":
+            runtime.stop_job()
+
+    E.write_new_text(run_dir, E.METRICS, metrics_lines(parse_records(engine_lines)))
+    ev = RunEvidence(arm=arm_doc, job_status=job_status or "", engine_lines=engine_lines, inputs=inputs,
+                     readbacks=tuple(_read_readbacks(run_dir)))
+    report = evaluate(ev, run_id=run_id) if status != "detached" else None
+    if report is not None:
+        E.write_document(run_dir, E.VALIDATION, report)
+        if status == "succeeded" and not report["passed"]:
+            message = "gates failed: " + ", ".join(g["id"] for g in report["gates"] if g["status"] == "failed")
+    total_s = time.monotonic() - started
+    job_info = runtime.job_info() if hasattr(runtime, "job_info") else {}
+    kit_event(f"status {status}" + (f": {message}" if message else ""))
+    kit_log.close()
+    E.write_document(run_dir, E.STATUS, redact_status({
+        "schema": schema_id("run-status"), "run_id": run_id, "status": status, "job_status": job_status,
+        "submission_id": spec.submission_id, "message": message, "finished_at": E.utc_now(),
+        "timing": {"total_s": round(total_s, 3), "workload_s": round(workload_s, 3),
+                   "kit_s": round(total_s - workload_s, 3)},
+        "job_info": job_info}, redactor))
+    seal = None
+    if status == "succeeded":
+        seal = E.seal_run_dir(run_dir, run_id=run_id, validation_passed=report["passed"],
+                              gate_set_version=GATE_SET_VERSION, sign_key=request.sign_key)
+    return RunOutcome(run_id, run_dir, status, job_status, report, seal, message)
+
+
+def redact_status(doc: dict, redactor: Redactor) -> dict:
+    return redactor.document(json.loads(json.dumps(doc, default=str)))
+
+
+def _read_readbacks(run_dir: Path) -> list[tuple[str, dict]]:
+    out = []
+    for path in sorted((run_dir / "readbacks").glob("*.json")) if (run_dir / "readbacks").is_dir() else []:
+        try:
+            out.append((path.name, json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, ValueError):
+            out.append((path.name, {"unreadable": True}))
+    return out
+
+
+def dry_run_document(request: RunRequest, plan: dict) -> dict:
+    """What ``--dry-run`` prints: the plan and the manifest fields known before anything starts."""
+    env_job = dict(plan["ray_job"]["runtime_env"]["env_vars"])
+    run_dir = str(request.workspace.resolve() / E.RUNS_DIR / plan["run_id"])
+    return {
+        "schema": schema_id("run-dry-run"),
+        "status": "planned",
+        "run_dir": run_dir,
+        "runtime": request.runtime,
+        "plan": plan,
+        "manifest_preview": {
+            "run_id": plan["run_id"], "arm": plan["arm"]["name"], "arm_sha256": sha256_of_document(plan["arm"]),
+            "stack": {"name": request.arm.stack.name, "sha256": request.arm.stack.sha256},
+            "commands": {"train": plan["command"]["argv"], "entrypoint_appended": plan["command"]["entrypoint_appended"]},
+            "environment": {"job": redact_env(env_job)},
+            "determined_at_run_time": ["observed_identity", "image", "host", "gpus", "ray_cluster", "inputs",
+                                       "repository", "created_at"],
+        },
+    }

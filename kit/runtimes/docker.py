@@ -1,0 +1,224 @@
+"""The docker runtime: the arm's own image, a live container, a Ray head inside it, the job through the Jobs API.
+
+Preflight refuses an image that was not built for the arm's stack (labels and embedded stack, listed),
+starts the container (GPUs for CUDA through ``device_requests``, ``/dev/kfd`` and ``/dev/dri`` for
+ROCm, never privileged), runs the probe inside the live container and refuses any difference from
+the stack, then starts ``ray start --head`` inside and waits for the Jobs API. The container is on a
+bridge network (or a named one) and publishes only the dashboard port on 127.0.0.1: a single-container
+run needs no other port on the host, and parallel runs never collide on Ray's fixed default ports.
+Example::
+
+    rt = DockerRuntime(arm=arm, image=None, workspace=Path(".workspace"), run_id="r1")
+    rt.preflight()            # image by stack label, container, probe, Ray head
+    rt.describe()["ray_cluster"]["start_command"]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from pathlib import Path
+from typing import Callable
+
+from kit import image_layout as L
+from kit.errors import BadInput, CheckFailed
+from kit.runtimes import JobSpec, RayJob, Runtime, free_port, host_info, gpu_info, wait_for_jobs_api
+
+CONTAINER_DASHBOARD_PORT = 8265
+RAY_TMP = "/tmp/ray"
+CLUSTER_INFO_SCRIPT = """
+import json, ray
+ray.init(address="auto", logging_level="ERROR")
+nodes = [{"node_id": n["NodeID"], "alive": n["Alive"], "address": n["NodeManagerAddress"],
+          "hostname": n.get("NodeManagerHostname"), "resources": n.get("Resources", {})} for n in ray.nodes()]
+print(json.dumps({"version": ray.__version__, "nodes": nodes, "resources": ray.cluster_resources()}))
+"""
+
+
+def container_options(platform: str) -> dict:
+    """docker-py ``containers.run`` options per platform (pure; tested without an engine)."""
+    import docker
+
+    if platform == "cuda":
+        return {"device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])],
+                "ipc_mode": "host",
+                "ulimits": [docker.types.Ulimit(name="memlock", soft=-1, hard=-1),
+                            docker.types.Ulimit(name="stack", soft=67108864, hard=67108864)],
+                "privileged": False}
+    if platform == "rocm":
+        return {"devices": ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"], "group_add": ["video", "render"],
+                "security_opt": ["seccomp=unconfined"], "ipc_mode": "host",
+                "ulimits": [docker.types.Ulimit(name="memlock", soft=-1, hard=-1)], "privileged": False}
+    return {"shm_size": "1g", "privileged": False}
+
+
+def ray_head_command(ray_bin: str = L.RAY) -> list[str]:
+    return [ray_bin, "start", "--head", "--port=6379", "--dashboard-host=0.0.0.0",
+            f"--dashboard-port={CONTAINER_DASHBOARD_PORT}", "--include-dashboard=true", "--disable-usage-stats",
+            f"--temp-dir={RAY_TMP}"]
+
+
+class DockerRuntime(Runtime):
+    kind = "docker"
+
+    def __init__(self, *, arm, image: str | None, workspace: Path, run_id: str, network: str | None = None,
+                 input_mounts: dict[str, str] | None = None, **_):
+        self.arm = arm
+        self.image_ref = image
+        self.workspace = Path(workspace).resolve()
+        self.run_id = run_id
+        self.network = network
+        self.input_mounts = input_mounts or {}
+        self.client = None
+        self.container = None
+        self.image_id = None
+        self.image_labels: dict = {}
+        self.observed = None
+        self.start_command: list[str] | None = None
+        self.cluster: dict | None = None
+        self.address: str | None = None
+        self.job: RayJob | None = None
+        self.options_recorded: dict = {}
+
+    # --- preflight ------------------------------------------------------------------------------------
+
+    def _find_image(self) -> str:
+        sha = self.arm.stack.sha256
+        found = self.client.images.list(filters={"label": f"{L.LABEL_PREFIX}.stack.sha256={sha}"})
+        if not found:
+            raise BadInput(f"no image on this engine carries stack {self.arm.stack.name} ({sha[:12]}); build it with "
+                           f"`kit build {self.arm.platform} --arm {self.arm.name}` or pass --image REF")
+        return found[0].tags[0] if found[0].tags else found[0].id
+
+    def preflight(self) -> None:
+        from kit.images import check_image, engine
+
+        self.client = engine()
+        self.image_ref = self.image_ref or self._find_image()
+        check = check_image(self.image_ref, self.arm.stack, client=self.client)
+        if not check.matches:
+            shown = "; ".join(f"{label}: expected {exp!r}, found {got!r}" for label, exp, got in check.differences[:12])
+            raise CheckFailed(f"image {self.image_ref} was not built for stack {self.arm.stack.name} "
+                              f"({self.arm.stack.sha256[:12]}); differing labels: {shown}")
+        image = self.client.images.get(self.image_ref)
+        self.image_id, self.image_labels = image.id, dict(image.labels or {})
+        self._start_container()
+        self._probe()
+        self._start_ray_head()
+
+    def _start_container(self) -> None:
+        opts = container_options(self.arm.platform)
+        host_port = free_port()
+        volumes = {str(self.workspace): {"bind": L.WORKSPACE, "mode": "rw"}}
+        for host_path, bind in self.input_mounts.items():
+            volumes[str(Path(host_path).resolve())] = {"bind": bind, "mode": "ro"}
+        run_kwargs = dict(
+            image=self.image_id, entrypoint=["sleep", "infinity"], detach=True, name=f"rlk-run-{self.run_id}",
+            environment={"RAY_USAGE_STATS_ENABLED": "0", "HOME": "/tmp"}, volumes=volumes,
+            ports={f"{CONTAINER_DASHBOARD_PORT}/tcp": ("127.0.0.1", host_port)},
+            labels={f"{L.LABEL_PREFIX}.run-id": self.run_id}, **opts)
+        if self.network:
+            run_kwargs["network"] = self.network
+        self.options_recorded = {k: (v if isinstance(v, (str, int, bool, list, dict)) else repr(v))
+                                 for k, v in run_kwargs.items() if k not in ("environment",)}
+        self.options_recorded["ulimits"] = [repr(u) for u in opts.get("ulimits", [])]
+        self.options_recorded["device_requests"] = [repr(d) for d in opts.get("device_requests", [])]
+        self.container = self.client.containers.run(**run_kwargs)
+        self.address = f"http://127.0.0.1:{host_port}"
+
+    def _exec(self, cmd: list[str], env: dict | None = None) -> tuple[int, str, str]:
+        result = self.container.exec_run(cmd, environment=env or {}, demux=True)
+        out, err = result.output
+        return result.exit_code, (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
+
+    def _probe(self) -> None:
+        from kit.documents import parse_json_bytes, require_valid
+        from kit.probe import identity_differences
+
+        stack_doc = self.arm.stack.document
+        script = ('printf "%s" "$KIT_PROBE_STACK" > /tmp/kit-probe-stack.json && '
+                  'exec kit probe --json --no-conformance --check-stack /tmp/kit-probe-stack.json')
+        code, out, err = self._exec(["sh", "-c", script], {"KIT_PROBE_STACK": json.dumps(stack_doc)})
+        if code not in (0, 1):
+            raise CheckFailed(f"kit probe in the live container of {self.image_ref} exited {code}: {err.strip()[-400:]}")
+        source = f"probe output of the live container of {self.image_ref}"
+        self.observed = require_valid(parse_json_bytes(out.encode(), source), source, "probe")
+        differences = identity_differences(self.observed, stack_doc)
+        if differences:
+            shown = "; ".join(f"{f}: expected {e!r}, observed {o!r}" for f, e, o in differences[:12])
+            raise CheckFailed(f"the live container of {self.image_ref} differs from stack {self.arm.stack.name}: {shown}")
+
+    def _start_ray_head(self) -> None:
+        code, _, _ = self._exec(["test", "-x", L.RAY])
+        ray_bin = L.RAY if code == 0 else "ray"
+        self.start_command = ray_head_command(ray_bin)
+        code, out, err = self._exec(self.start_command, {"HOME": "/tmp", "RAY_TMPDIR": RAY_TMP,
+                                                         "RAY_USAGE_STATS_ENABLED": "0"})
+        if code != 0:
+            raise CheckFailed(f"`{shlex.join(self.start_command)}` in the container exited {code}: {(err or out).strip()[-600:]}")
+        wait_for_jobs_api(self.address)
+        python = L.PYTHON if self._exec(["test", "-x", L.PYTHON])[0] == 0 else "python3"
+        code, out, err = self._exec([python, "-c", CLUSTER_INFO_SCRIPT], {"HOME": "/tmp"})
+        try:
+            self.cluster = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            self.cluster = {"version": "unknown", "nodes": [], "resources": {}, "error": (err or out).strip()[-400:]}
+
+    # --- manifest -------------------------------------------------------------------------------------
+
+    def describe(self) -> dict:
+        cluster = dict(self.cluster or {"version": "unknown", "nodes": [], "resources": {}})
+        cluster["address"] = f"container {self.container.name if self.container else '?'}:{CONTAINER_DASHBOARD_PORT} " \
+                             f"published at {self.address}"
+        cluster["start_command"] = self.start_command
+        cluster["environment"] = {"HOME": "/tmp", "RAY_TMPDIR": RAY_TMP, "RAY_USAGE_STATS_ENABLED": "0"}
+        return {"runtime": {"kind": self.kind, "container_name": self.container.name if self.container else None,
+                            "container_id": self.container.id if self.container else None,
+                            "network": self.network or "bridge", "container_options": self.options_recorded},
+                "image": {"ref": self.image_ref, "id": self.image_id, "labels": self.image_labels},
+                "observed_identity": self.observed, "identity_differences": [],
+                "host": host_info(), "gpus": self._gpus(), "ray_cluster": cluster}
+
+    def _gpus(self) -> dict:
+        found = gpu_info()
+        if self.observed and self.observed.get("gpus"):
+            found["container"] = self.observed["gpus"]
+        return found
+
+    # --- job ------------------------------------------------------------------------------------------
+
+    def _alive(self) -> bool:
+        try:
+            self.container.reload()
+            return self.container.status == "running"
+        except Exception:
+            return False
+
+    def submit(self, spec: JobSpec) -> None:
+        self.job = RayJob(self.address, alive=self._alive)
+        self.job.submit(spec)
+
+    def follow(self, emit: Callable[[str], None], should_stop: Callable[[], bool]) -> str:
+        return self.job.follow(emit, should_stop)
+
+    def stop_job(self) -> None:
+        if self.job:
+            self.job.stop()
+
+    def job_info(self) -> dict:
+        return self.job.info() if self.job else {}
+
+    def close(self) -> None:
+        if self.container is None:
+            return
+        try:
+            self.container.stop(timeout=5)
+        except Exception:
+            pass
+        try:
+            self.container.remove(force=True)
+        except Exception:
+            pass
+        self.container_removed_at = time.time()

@@ -1,0 +1,149 @@
+"""The ray runtime: an existing cluster at ``--ray-address`` (the dashboard URL).
+
+Before the arm's job is submitted, a probe job runs the probe on every alive node, pinned with
+``NodeAffinitySchedulingStrategy(node_id, soft=False)``; any node that differs from the stack or
+from the other nodes is refused, naming the node and the fields. Everything goes through the Jobs
+API, so the kit's host needs no route to the cluster's internal ports. The smoke arm's arm.json
+reaches the cluster as the job's uploaded ``working_dir``. Example::
+
+    rt = RayRuntime(arm=arm, ray_address="http://head:8265", run_id="r1")
+    rt.preflight()        # probe job on every node, refuses on any difference
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tempfile
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from kit import image_layout as L
+from kit.errors import BadInput, CheckFailed
+from kit.runtimes import JobSpec, RayJob, Runtime, gpu_info, host_info, wait_for_jobs_api
+
+PROBE_MARKER = "RLK-NODE-PROBE "
+NODE_PROBE_SCRIPT = """
+import json, os, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init(address="auto", logging_level="ERROR")
+stack = json.loads(os.environ["KIT_PROBE_STACK"])
+
+@ray.remote(num_cpus=0)
+def probe(stack):
+    from kit.probe import observed_identity
+    return observed_identity(stack, include_conformance=False)
+
+nodes = [n for n in ray.nodes() if n["Alive"]]
+refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(stack)
+        for n in nodes]
+identities = ray.get(refs, timeout=600)
+out = {"version": ray.__version__, "resources": ray.cluster_resources(),
+       "nodes": [{"node_id": n["NodeID"], "address": n["NodeManagerAddress"], "hostname": n.get("NodeManagerHostname"),
+                  "resources": n.get("Resources", {}), "identity": ident} for n, ident in zip(nodes, identities)]}
+print("RLK-NODE-PROBE " + json.dumps(out, sort_keys=True), flush=True)
+"""
+# Fields that differ between healthy nodes of one cluster.
+NODE_VOLATILE = ("observed_at", "hostname")
+
+
+def node_problems(nodes: list[dict], stack_doc: dict) -> list[str]:
+    """Every node that differs from the stack or from the first node, with the fields (pure)."""
+    from kit.compare import flatten
+    from kit.probe import identity_differences
+
+    out = []
+    for node in nodes:
+        label = f"node {node['node_id'][:12]} ({node.get('address')})"
+        for field, expected, observed in identity_differences(node["identity"], stack_doc):
+            out.append(f"{label}: {field} expected {expected!r}, observed {observed!r}")
+    if len(nodes) > 1:
+        def view(n):
+            return flatten({k: v for k, v in n["identity"].items() if k not in NODE_VOLATILE})
+        ref = view(nodes[0])
+        for node in nodes[1:]:
+            other = view(node)
+            for path in sorted(set(ref) | set(other)):
+                if ref.get(path) != other.get(path):
+                    out.append(f"node {node['node_id'][:12]} ({node.get('address')}) differs from node "
+                               f"{nodes[0]['node_id'][:12]}: {path}")
+    return out
+
+
+class RayRuntime(Runtime):
+    kind = "ray"
+
+    def __init__(self, *, arm, ray_address: str | None, run_id: str, python: str = L.PYTHON, **_):
+        if not ray_address:
+            raise BadInput("--runtime ray needs --ray-address URL (the dashboard, for example http://head:8265)")
+        if not ray_address.startswith(("http://", "https://")):
+            raise BadInput(f"--ray-address {ray_address}: give the dashboard URL, for example http://head:8265")
+        self.arm = arm
+        self.address = ray_address.rstrip("/")
+        self.run_id = run_id
+        self.python = python
+        self.cluster: dict | None = None
+        self.job: RayJob | None = None
+        self._staging: str | None = None
+
+    def preflight(self) -> None:
+        wait_for_jobs_api(self.address, timeout_s=30)
+        probe = RayJob(self.address)
+        lines: list[str] = []
+        spec = JobSpec(submission_id=f"rlk-probe-{self.run_id}", entrypoint=f"{self.python} -c {shlex.quote(NODE_PROBE_SCRIPT)}",
+                       argv=[self.python, "-c", NODE_PROBE_SCRIPT],
+                       env_vars={"KIT_PROBE_STACK": json.dumps(self.arm.stack.document), "RAY_USAGE_STATS_ENABLED": "0"},
+                       metadata={"purpose": "per-node probe", "run_id": self.run_id})
+        probe.submit(spec)
+        status = probe.follow(lines.append, lambda: False)
+        found = [line[line.index(PROBE_MARKER) + len(PROBE_MARKER):] for line in lines if PROBE_MARKER in line]
+        if status != "SUCCEEDED" or not found:
+            tail = "\n".join(lines[-15:])
+            raise CheckFailed(f"the per-node probe job on {self.address} ended {status}:\n{tail}")
+        self.cluster = json.loads(found[-1])
+        problems = node_problems(self.cluster["nodes"], self.arm.stack.document)
+        if problems:
+            raise CheckFailed(f"the Ray cluster at {self.address} is not homogeneous with stack {self.arm.stack.name}:\n  "
+                              + "\n  ".join(problems[:30]))
+
+    def describe(self) -> dict:
+        nodes = [{k: v for k, v in n.items() if k != "identity"} | {"identity_stack": n["identity"].get("stack")}
+                 for n in self.cluster["nodes"]]
+        cluster = {"version": self.cluster["version"], "address": self.address, "nodes": nodes,
+                   "resources": self.cluster["resources"], "start_command": None,
+                   "note": "an existing cluster: the kit did not start it; every alive node was probed and matched the stack"}
+        head = self.cluster["nodes"][0]["identity"] if self.cluster["nodes"] else None
+        return {"runtime": {"kind": self.kind, "address": self.address, "nodes_probed": len(nodes)},
+                "image": None, "observed_identity": head, "identity_differences": [],
+                "host": host_info(), "gpus": gpu_info(), "ray_cluster": cluster}
+
+    def job_argv(self, plan: dict, host_run_dir: str) -> list[str]:
+        argv = list(plan["command"]["argv"])
+        if self.arm.engine == "smoke" and "--arm-file" in argv:
+            # the cluster cannot see the run dir: arm.json travels as the uploaded working_dir
+            argv[argv.index("--arm-file") + 1] = "arm.json"
+            self._staging = tempfile.mkdtemp(prefix="rlk-job-")
+            shutil.copy(Path(host_run_dir) / "arm.json", Path(self._staging) / "arm.json")
+        return argv
+
+    def submit(self, spec: JobSpec) -> None:
+        if self._staging:
+            from dataclasses import replace
+            spec = replace(spec, working_dir=self._staging)
+        self.job = RayJob(self.address)
+        self.job.submit(spec)
+
+    def follow(self, emit: Callable[[str], None], should_stop: Callable[[], bool]) -> str:
+        return self.job.follow(emit, should_stop)
+
+    def stop_job(self) -> None:
+        if self.job:
+            self.job.stop()
+
+    def job_info(self) -> dict:
+        return self.job.info() if self.job else {}
+
+    def close(self) -> None:
+        if self._staging:
+            shutil.rmtree(self._staging, ignore_errors=True)
