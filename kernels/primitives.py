@@ -6,8 +6,8 @@ a tensor (computed by the scalar fallback) differently from its body. The strict
 operators are written only with the primitives below, each of which fixes that choice:
 
 - :func:`tiled_matmul`: rows are cut into tiles of exactly ``ROW_TILE`` rows (the last one
-  zero-padded) and pushed through one batched GEMM of a fixed per-tile shape, so every row
-  meets the same kernel whatever the number of rows in the call.
+  zero-padded), columns are padded to ``COL_ALIGN``, and every tile goes through one GEMM of that
+  fixed shape, so every row meets the same kernel, at no ragged edge, whatever the rows in the call.
 - :func:`tree_sum`: a sum along one dimension as a fixed pairwise tree of element-wise adds.
 - :func:`pointwise`: transcendental functions (exp, log) applied to flat, padded,
   single-thread-sized slices so every element goes through the same vector code path.
@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 ROW_TILE = 16
-GEMM_GROUP = 8
+COL_ALIGN = 64
 # Longest slice given to one element-wise kernel: below ATen's parallel grain size (32768),
 # so a slice is never split between threads at a point that is not a vector boundary.
 _POINTWISE_SLICE = 16384
@@ -41,28 +41,12 @@ def tiled_matmul(x, w):
     return tiled_matmul_shards(x, w.unsqueeze(0))[0]
 
 
-def _fixed_bmm(a, b):
-    """torch.bmm in calls of exactly ``GEMM_GROUP`` items: the library picks its algorithm by the
-    whole call's shape (batch count included), so the batch count is fixed too."""
-    import torch
-
-    # strides steer the library's path as much as shapes do: always hand it dense operands
-    a, b = a.contiguous(), b.contiguous()
-    items = a.shape[0]
-    groups = -(-items // GEMM_GROUP)
-    pad = groups * GEMM_GROUP - items
-    if pad:
-        a = torch.cat([a, a.new_zeros(pad, *a.shape[1:])])
-        b = torch.cat([b, b.new_zeros(pad, *b.shape[1:])])
-    outs = [torch.bmm(a[i:i + GEMM_GROUP], b[i:i + GEMM_GROUP]) for i in range(0, groups * GEMM_GROUP, GEMM_GROUP)]
-    out = torch.cat(outs) if len(outs) > 1 else outs[0]
-    return out[:items]
-
-
 def tiled_matmul_shards(x, w_shards):
     """One :func:`tiled_matmul` per shard: ``x`` [S, M, K] (or [M, K], shared), ``w_shards`` [S, K, N] -> [S, M, N].
 
-    Every GEMM call has the same shape: [GEMM_GROUP, ROW_TILE, K] x [GEMM_GROUP, K, N].
+    Every GEMM call has one shape, [ROW_TILE, K] x [K, N rounded up to COL_ALIGN]: the library picks
+    its kernel by shape and strides, and with no ragged column edge a row's bits do not depend on
+    its position inside the tile either (measured: with a ragged edge they do).
     """
     import torch
 
@@ -74,10 +58,16 @@ def tiled_matmul_shards(x, w_shards):
     pad = tiles * ROW_TILE - rows
     if pad:
         x = torch.cat([x, x.new_zeros(shards, pad, inner)], dim=1)
-    xt = x.reshape(shards * tiles, ROW_TILE, inner)
-    wt = w_shards.unsqueeze(1).expand(shards, tiles, inner, cols).reshape(shards * tiles, inner, cols)
-    out = _fixed_bmm(xt, wt).reshape(shards, tiles * ROW_TILE, cols)
-    return out[:, :rows]
+    x = x.contiguous()
+    wide = -(-cols // COL_ALIGN) * COL_ALIGN
+    out = []
+    for s in range(shards):
+        w = w_shards[s]
+        if wide != cols:
+            w = torch.cat([w, w.new_zeros(inner, wide - cols)], dim=1)
+        w = w.contiguous()
+        out.append(torch.cat([torch.mm(x[s, t * ROW_TILE:(t + 1) * ROW_TILE], w) for t in range(tiles)]))
+    return torch.stack(out)[:, :rows, :cols]
 
 
 def tree_sum(x, dim: int):
