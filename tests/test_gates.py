@@ -1,0 +1,189 @@
+"""Gates as data: one synthetic VIME log that passes every gate, and one variant failing each gate.
+
+The same table validates smoke runs (tests/test_run.py) and VIME runs (here).
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+
+import pytest
+
+from kit.catalog import Catalog
+from kit.gates import GATE_SET_VERSION, GATES, RunEvidence, evaluate, is_command_echo
+from kit.plan import resolve_plan
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def strict_arm():
+    arm = Catalog.default().arm("consistency")
+    doc = copy.deepcopy(arm.document)
+    doc["workload"]["rollouts"] = STEPS
+    return doc
+
+
+@pytest.fixture(scope="module")
+def native_arm(strict_arm):
+    doc = copy.deepcopy(strict_arm)
+    doc["name"] = "native-test"
+    doc["operators"] = {"attention": "P/P", "ffn": "P/P", "logp": "P/P"}
+    return doc
+
+
+def vllm_config_echo(sizes: list[int]) -> str:
+    shown = ", ".join(str(s) for s in sorted(sizes, reverse=True))   # vLLM prints them descending
+    return ("(RolloutEngine pid=311, ip=10.0.0.2) INFO 12-02 10:00:01 [core.py:77] Initializing a V1 LLM engine "
+            "(v0.16.0) with config: model='/inputs/model', dtype=torch.bfloat16, enforce_eager=False, seed=1234, "
+            "compilation_config={'level': 0, 'cudagraph_mode': <CUDAGraphMode.FULL_DECODE_ONLY: 2>, "
+            f"'cudagraph_capture_sizes': [{shown}], 'max_cudagraph_capture_size': {max(sizes, default=0)}}}")
+
+
+def step_block(step: int, *, mismatch: float = 0.0, max_diff: float = 0.0, loss: str = "0.0123") -> list[str]:
+    return [
+        f"(RolloutManager pid=42) rollout {step}: {{'rollout/raw_reward': 0.5, 'rollout/rewards': 0.0, 'rollout/response_lengths': 120.0}}",
+        f"(RolloutManager pid=42) perf {step}: {{'perf/rollout_time': 10.5, 'perf/tokens_per_gpu_per_sec': 99.0}}",
+        f"(TrainActor pid=7) step {step}: {{'train/loss': {loss}, "
+        f"'train/train_current_rollout_logprob_mismatch_count': {mismatch}, "
+        f"'train/train_current_rollout_logprob_max_abs_diff': {max_diff}, "
+        f"'train/train_rollout_logprob_abs_diff': 0.0, 'train/train_current_rollout_logprob_numel': 100.0}}",
+        f"(TrainActor pid=7) perf {step}: {{'perf/step_time': 30.0, 'perf/train_time': 12.0}}",
+    ]
+
+
+def route_lines(case_letter: str) -> list[str]:
+    side = "rl_kernel" if case_letter == "R" else "production"
+    out = []
+    for fw, target in (("megatron", "training"), ("vllm", "rollout")):
+        for module in ("attention", "ffn", "logp"):
+            out.append(f"[RL-Kernel][route] framework={fw} target={target} module={module} requested={side} "
+                       f"actual=rlkernel.{module}.v1 fallback=false")
+    return out
+
+
+def good_log(arm: dict, *, letter="R", mismatch: float = 0.0) -> list[str]:
+    lines = ["2026-12-02 10:00:00 INFO ray job driver started", vllm_config_echo(arm["graph"]["capture_sizes"])]
+    lines += route_lines(letter)
+    lines.append(f"rlkernel mismatch sidecar active: logp_case={arm['operators']['logp']}")
+    for step in range(STEPS):
+        lines += step_block(step, mismatch=mismatch, max_diff=0.25 if mismatch else 0.0)
+    return lines
+
+
+def failed_gates(arm, lines, status="SUCCEEDED", readbacks=()) -> list[str]:
+    report = evaluate(RunEvidence(arm=arm, job_status=status, engine_lines=lines, readbacks=tuple(readbacks)), run_id="t")
+    return [g["id"] for g in report["gates"] if g["status"] == "failed"]
+
+
+def test_good_vime_log_passes_every_applicable_gate(strict_arm):
+    report = evaluate(RunEvidence(arm=strict_arm, job_status="SUCCEEDED", engine_lines=good_log(strict_arm)), run_id="t")
+    assert report["passed"], report
+    assert report["gate_set_version"] == GATE_SET_VERSION
+    statuses = {g["id"]: g["status"] for g in report["gates"]}
+    assert statuses["cuda-graph-engine"] == "passed"
+    assert statuses["rr-bitwise-zero"] == "passed"
+    assert statuses["operator-routes"] == "passed"
+    assert statuses["operator-readbacks"] == "not_applicable"
+    assert report["summary"]["steps_observed"] == STEPS
+    from kit.documents import schema_problems
+    assert schema_problems(report, "validation-report") == []
+
+
+def test_every_gate_has_unique_id_and_message():
+    ids = [g.id for g in GATES]
+    assert len(ids) == len(set(ids))
+    assert all(g.message for g in GATES)
+
+
+def test_job_status_gate(strict_arm):
+    assert failed_gates(strict_arm, good_log(strict_arm), status="FAILED") == ["job-succeeded"]
+    assert failed_gates(strict_arm, good_log(strict_arm), status="") == ["job-succeeded"]
+
+
+def test_missing_step_fails(strict_arm):
+    lines = [l for l in good_log(strict_arm) if " step 1:" not in l]
+    assert failed_gates(strict_arm, lines) == ["steps-once"]
+
+
+def test_extra_step_fails(strict_arm):
+    lines = good_log(strict_arm) + step_block(STEPS)
+    assert failed_gates(strict_arm, lines) == ["steps-once"]
+
+
+def test_identical_duplicates_collapse_conflicting_duplicates_fail(strict_arm):
+    lines = good_log(strict_arm)
+    assert failed_gates(strict_arm, lines + step_block(1)) == []
+    assert "steps-once" in failed_gates(strict_arm, lines + step_block(1, loss="0.5"))
+
+
+def test_rr_nonzero_mismatch_fails_and_pp_does_not_gate_it(strict_arm, native_arm):
+    lines = good_log(strict_arm)
+    bad = lines[:-4] + step_block(STEPS - 1, mismatch=3.0, max_diff=0.1)
+    assert failed_gates(strict_arm, bad) == ["rr-bitwise-zero"]
+    assert failed_gates(native_arm, good_log(native_arm, letter="P", mismatch=12.5)) == []
+
+
+def test_nonfinite_metric_fails(strict_arm):
+    lines = good_log(strict_arm)[:-4] + step_block(STEPS - 1, loss="nan")
+    assert failed_gates(strict_arm, lines) == ["finite-metrics"]
+
+
+@pytest.mark.parametrize("line, gate", [
+    ("Traceback (most recent call last):", "no-traceback"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "no-oom"),
+    ("[RL-Kernel] linear_logp provider unavailable fallback=True", "no-fallback"),
+])
+def test_text_gates(strict_arm, line, gate):
+    assert failed_gates(strict_arm, good_log(strict_arm) + [line]) == [gate]
+
+
+def test_cuda_graph_evidence_only_from_the_engine(strict_arm):
+    plan = resolve_plan(Catalog.default().arm("consistency"), run_id="g", rollouts=STEPS)
+    argv = plan["command"]["argv"]
+    echoes = [
+        shlex.join(argv),                                             # a shell echo of the command
+        f"Running entrypoint: {argv!r}",                              # a Python repr of argv
+        "[RL-Kernel] required vLLM full-decode CUDA Graph capture sizes: [1,2,3,4]",   # the launcher's marker
+    ]
+    assert all(is_command_echo(e) for e in echoes)
+    without_engine = [l for l in good_log(strict_arm) if "Initializing a V1 LLM engine" not in l]
+    assert failed_gates(strict_arm, without_engine + echoes) == ["cuda-graph-engine"]
+    # the engine line alone passes; with different capture sizes it fails
+    assert failed_gates(strict_arm, without_engine + [vllm_config_echo(strict_arm["graph"]["capture_sizes"])]) == []
+    assert failed_gates(strict_arm, without_engine + [vllm_config_echo([1, 2])]) == ["cuda-graph-engine"]
+    eager = vllm_config_echo(strict_arm["graph"]["capture_sizes"]).replace("enforce_eager=False", "enforce_eager=True")
+    assert failed_gates(strict_arm, without_engine + [eager]) == ["cuda-graph-engine"]
+
+
+def test_route_on_the_wrong_side_fails(strict_arm):
+    lines = [l.replace("module=ffn requested=rl_kernel", "module=ffn requested=production") for l in good_log(strict_arm)]
+    assert failed_gates(strict_arm, lines) == ["operator-routes"]
+
+
+def _readback(framework, target, side, case, calls=3):
+    ops = {m: {"framework": framework, "target": target, "module": m, "case_id": case, "implementation": side,
+               "backend_id": f"rlkernel.{m}.v1" if side == "rl_kernel" else f"vime.{m}", "call_count": calls,
+               "execution_mode": "eager", "provenance": {"fallback": False}} for m in ("attention", "ffn", "logp")}
+    return {"framework": framework, "target": target, "installed_hooks": ["attention", "ffn", "logp"], "fallbacks": [],
+            "operators": ops}
+
+
+def test_readbacks_checked_when_written(strict_arm):
+    good = [("megatron-training-1.json", _readback("megatron", "training", "rl_kernel", "R/R")),
+            ("vllm-rollout-2.json", _readback("vllm", "rollout", "rl_kernel", "R/R"))]
+    assert failed_gates(strict_arm, good_log(strict_arm), readbacks=good) == []
+    wrong = [good[0], ("vllm-rollout-2.json", _readback("vllm", "rollout", "production", "R/R"))]
+    assert failed_gates(strict_arm, good_log(strict_arm), readbacks=wrong) == ["operator-readbacks"]
+    missing = [good[0]]
+    assert failed_gates(strict_arm, good_log(strict_arm), readbacks=missing) == ["operator-readbacks"]
+    uncalled = [good[0], ("vllm-rollout-2.json", _readback("vllm", "rollout", "rl_kernel", "R/R", calls=0))]
+    assert failed_gates(strict_arm, good_log(strict_arm), readbacks=uncalled) == ["operator-readbacks"]
+
+
+def test_smoke_arm_needs_route_lines():
+    arm = copy.deepcopy(Catalog.default().arm("smoke").document)
+    arm["workload"]["rollouts"] = STEPS
+    lines = [l for l in good_log(arm) if "[RL-Kernel][route]" not in l]
+    assert "operator-routes" in failed_gates(arm, lines)
