@@ -92,10 +92,10 @@ class _Inputs:
 
 # --- one module under one variant ---------------------------------------------------------------------
 
-def _rowwise(module, impl, inp, cfg, rows, targets, tp):
+def _rowwise(module, impl, inp, cfg, rows, targets, tp, side="train"):
     if module == "ffn":
         return ops.ffn_module(impl, inp.layer, cfg, rows, tp)
-    return ops.logp_module(impl, inp.weights, cfg, rows, targets, tp)
+    return ops.logp_module(impl, inp.weights, cfg, rows, targets, tp, side=side)
 
 
 def _train_variant(module, impl, inp, cfg, x, targets, layout: TrainLayout):
@@ -129,9 +129,9 @@ def _rollout_variant(module, impl, inp, cfg, x, targets, tp, prompt_len):
         return torch.cat(outs, dim=1)
     tail = () if module == "logp" else (cfg.hidden,)
     outs.append(_rowwise(module, impl, inp, cfg, x[:, :prompt_len].reshape(-1, cfg.hidden),
-                         targets[:, :prompt_len].reshape(-1), tp).view(batch, prompt_len, *tail))
+                         targets[:, :prompt_len].reshape(-1), tp, "rollout").view(batch, prompt_len, *tail))
     for p in range(prompt_len, length):
-        outs.append(_rowwise(module, impl, inp, cfg, x[:, p], targets[:, p], tp).view(batch, 1, *tail))
+        outs.append(_rowwise(module, impl, inp, cfg, x[:, p], targets[:, p], tp, "rollout").view(batch, 1, *tail))
     return torch.cat(outs, dim=1)
 
 

@@ -109,9 +109,10 @@ class RolloutEngine:
         impl = self.impls["logp"]
         dummy = last_hidden.new_zeros(last_hidden.shape[0], dtype=__import__("torch").long)
         _, logits = ops.logp_module(impl, self.weights, self.cfg, last_hidden, dummy, self.tp,
-                                    temperature=self.temperature, want_logits=True)
+                                    temperature=self.temperature, want_logits=True, side="rollout")
         token = sample_tokens(logits, generator, top_k=self.top_k, top_p=self.top_p)
-        logp = ops.logp_module(impl, self.weights, self.cfg, last_hidden, token, self.tp, temperature=self.temperature)
+        logp = ops.logp_module(impl, self.weights, self.cfg, last_hidden, token, self.tp,
+                               temperature=self.temperature, side="rollout")
         return token, logp
 
     def generate(self, prompts, *, max_new: int, eos: int, generator):

@@ -44,7 +44,7 @@ BACKEND_IDS = {
     ("logp", "R"): "rlkernel.linear_logp.bitwise.v1",
     ("attention", "P"): "torch.sdpa.prefill_decode",
     ("ffn", "P"): "torch.matmul.rank_order_allreduce",
-    ("logp", "P"): "torch.log_softmax.gathered_vocab",
+    ("logp", "P"): "torch.logp.vocab_parallel_train.gathered_log_softmax_rollout",
 }
 
 
@@ -408,8 +408,13 @@ def lm_head_shards(weights, cfg):
     return weights["lm_head"].view(cfg.canonical_tp, cfg.padded_vocab // cfg.canonical_tp, cfg.hidden).transpose(1, 2)
 
 
-def logp_module(impl, weights, cfg, x, targets, tp, *, temperature=1.0, want_logits=False):
-    """Final RMSNorm + LM head + selected-token logp on rows x [M, H]; targets [M]."""
+def logp_module(impl, weights, cfg, x, targets, tp, *, temperature=1.0, want_logits=False, side="train"):
+    """Final RMSNorm + LM head + selected-token logp on rows x [M, H]; targets [M].
+
+    Production differs by side, as the frameworks do: training (Megatron) uses the vocabulary-parallel
+    form (global max, per-rank sum-exp all-reduced in rank order); rollout (vLLM) gathers the logits
+    and takes a log-softmax. The strict form is the same on both sides.
+    """
     import torch
     _check_impl(impl)
     normed = _norm(impl, x, weights["final_norm"], cfg.norm_eps)
@@ -418,9 +423,21 @@ def logp_module(impl, weights, cfg, x, targets, tp, *, temperature=1.0, want_log
                            temperature=temperature, tp=tp, want_logits=want_logits)
     group = VirtualGroup(tp)
     width = cfg.padded_vocab // tp
-    local = {r: normed @ weights["lm_head"][r * width:(r + 1) * width].t() for r in group.local_ranks()}
-    logits = torch.cat(all_gather(group, local), dim=-1)[:, :cfg.vocab]
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.clamp(0, cfg.vocab - 1).unsqueeze(-1)).squeeze(-1)
-    return (logp, logits) if want_logits else logp
+    local = {}
+    for r in group.local_ranks():
+        logits = normed @ weights["lm_head"][r * width:(r + 1) * width].t()
+        if temperature != 1.0:
+            logits = logits / temperature
+        token = torch.arange(r * width, (r + 1) * width)
+        local[r] = logits.masked_fill(token >= cfg.vocab, float("-inf"))
+    parts = all_gather(group, local)
+    gathered = torch.cat(parts, dim=-1)[:, :cfg.vocab]
+    safe = targets.clamp(0, cfg.vocab - 1)
+    if side == "rollout":
+        logp = torch.log_softmax(gathered, dim=-1).gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    else:
+        global_max = torch.stack([p.amax(-1) for p in parts]).amax(0).detach()
+        sum_exp = all_reduce_rank_order(group, {r: torch.exp(local[r] - global_max[:, None]).sum(-1) for r in group.local_ranks()})
+        target_logit = gathered.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+        logp = target_logit - global_max - torch.log(sum_exp)
+    return (logp, gathered) if want_logits else logp
