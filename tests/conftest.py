@@ -1,0 +1,74 @@
+"""Shared fixtures: a real Docker engine, the smoke base image, fixture sources and the CPU smoke image.
+
+``docker_engine`` (session) makes sure an engine answers (scripts/ensure-docker.sh starts dockerd
+when none does and makes the base image when it is missing) and returns a docker-py client.
+``cpu_image`` (session) builds the smoke CPU image once, from fixture repositories made in a temp
+directory and passed with ``--source``; every Docker test reuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    import docker
+
+    proc = subprocess.run([str(REPO / "scripts" / "ensure-docker.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, f"scripts/ensure-docker.sh failed:\n{proc.stderr}"
+    client = docker.from_env(timeout=600)
+    client.ping()
+    return client
+
+
+@pytest.fixture(scope="session")
+def kit_workspace():
+    """A workspace that outlives the session, so the wheelhouse is downloaded once per machine."""
+    path = Path(os.environ.get("KIT_TEST_WORKSPACE") or REPO / ".workspace" / "tests")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smoke_source_repos(tmp_path_factory):
+    """The three fixture repositories at the smoke stack's pins: {name: path}."""
+    from kit import smoke_sources
+
+    root = tmp_path_factory.mktemp("smoke-sources")
+    return {name: smoke_sources.materialize(name, root / name) for name in smoke_sources.fixture_names()}
+
+
+def run_kit(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the `kit` console entry point as a user would; returns the completed process."""
+    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=str(cwd or REPO))
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    tag: str
+    image_id: str
+    record: dict
+    sources: dict
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_engine, kit_workspace, smoke_source_repos):
+    """`kit build cpu --arm smoke --source ...` once per session."""
+    args = ["build", "cpu", "--arm", "smoke", "--json", "--workspace", str(kit_workspace)]
+    for name, path in sorted(smoke_source_repos.items()):
+        args += ["--source", f"{name}={path}"]
+    proc = run_kit(*args)
+    assert proc.returncode == 0, f"kit build failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    record = json.loads(proc.stdout)
+    return BuiltImage(record["tag"], record["image_id"], record, smoke_source_repos)

