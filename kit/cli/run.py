@@ -18,9 +18,9 @@ def default_workspace() -> Path:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @arm_selection_options
-@click.option("--runtime", type=click.Choice(["local", "docker", "ray"]), default="local", show_default=True,
-              help="local: the smoke workload in this process; docker: the arm's image with a Ray head inside; "
-                   "ray: an existing cluster at --ray-address.")
+@click.option("--runtime", type=click.Choice(["local", "docker", "ray"]),
+              help="local: the smoke workload in this process (default for smoke arms); docker: the arm's image with a "
+                   "Ray head inside (default for VIME arms); ray: an existing cluster at --ray-address.")
 @click.option("--image", metavar="REF", help="docker: the image (default: the one labelled with the arm's stack sha256).")
 @click.option("--ray-address", metavar="URL", help="ray: the cluster's dashboard URL, e.g. http://head:8265.")
 @click.option("--network", metavar="NAME", help="docker: a named Docker network for the container (default bridge).")
@@ -60,7 +60,7 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
     arm = select_arm(arm_ref, mode)
     request = RunRequest(arm=arm, workspace=workspace or default_workspace(),
                          overrides=TopologyOverrides(tp_size, cp_size, rollout_tp_size, rollout_cp_size),
-                         runtime=runtime, image=image, ray_address=ray_address, network=network, run_id=run_id,
+                         runtime=runtime or ("local" if arm.engine == "smoke" else "docker"), image=image, ray_address=ray_address, network=network, run_id=run_id,
                          rollouts=rollouts, detach=not wait, dry_run=dry_run, allow_dirty=allow_dirty, sign_key=sign_key)
     log = (lambda s: None) if as_json else (lambda s: click.echo(f"kit: {s}", err=True))
     outcome = execute(request, progress=None if as_json else sys.stderr, log=log)

@@ -1,0 +1,174 @@
+"""`kit run` on the local runtime, end to end through the CLI: seal, verify, tamper, modes, secrets,
+dry run, run-id reuse, interruption, comparison of runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kit.documents import schema_problems
+
+SECRET = "hf_TopSecretValue_4242"
+PASSWORD = "pa55-w0rd-xyz"
+
+
+def kit(*args, env=None, timeout=600):
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, env=full_env,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return tmp_path_factory.mktemp("ws")
+
+
+@pytest.fixture(scope="module")
+def strict_run(workspace):
+    proc = kit("run", "--arm", "smoke", "--rollouts", "2", "--run-id", "strict-1", "--allow-dirty",
+               env={"KIT_WORKSPACE": str(workspace), "HF_TOKEN": SECRET, "DB_PASSWORD": PASSWORD})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return workspace / "runs" / "strict-1", proc
+
+
+def test_local_run_seals_and_verifies(strict_run):
+    run_dir, proc = strict_run
+    assert "sealed" in proc.stdout and str(run_dir) in proc.stdout
+    for key in ("steps", "reward (last)", "mismatch (total)", "step time"):
+        assert key in proc.stdout
+    assert sorted(p.name for p in run_dir.iterdir()) == ["arm.json", "kit.log", "manifest.json", "metrics.jsonl",
+                                                         "run.log", "seal.json", "status.json", "validation.json"]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert schema_problems(manifest, "run-manifest") == []
+    assert manifest["inputs"]["model"]["weights_sha256"]
+    assert manifest["observed_identity"]["schema"] == "rlk-kit/probe/v1"
+    first = (run_dir / "run.log").read_text().splitlines()[0]
+    assert first.startswith("# rlk-kit run strict-1 ") and "manifest_sha256=" in first
+    report = json.loads((run_dir / "validation.json").read_text())
+    assert report["passed"] and report["summary"]["mismatch_count_total"] == 0
+    assert {g["id"]: g["status"] for g in report["gates"]}["operator-routes"] == "passed"
+    ok = kit("verify", str(run_dir))
+    assert ok.returncode == 0, ok.stdout
+
+
+def test_secrets_appear_in_no_file(strict_run):
+    run_dir, _ = strict_run
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert SECRET.encode() not in data and PASSWORD.encode() not in data, path
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["environment"]["host"]["HF_TOKEN"] == "<redacted>"
+    assert "DB_PASSWORD" in manifest["environment"]["redacted_names"]
+
+
+@pytest.mark.parametrize("mutation, named", [("flip", "/run.log"), ("delete", "/metrics.jsonl")])
+def test_tampering_is_named(strict_run, tmp_path, mutation, named):
+    run_dir, _ = strict_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    if mutation == "flip":
+        log = copy / "run.log"
+        log.chmod(0o644)
+        data = bytearray(log.read_bytes())
+        data[len(data) // 2] ^= 0x20
+        log.write_bytes(bytes(data))
+    else:
+        (copy / "metrics.jsonl").unlink()
+    proc = kit("verify", "--json", str(copy))
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert [p["pointer"] for p in doc["results"][0]["problems"]] == [named]
+
+
+def test_run_id_is_never_reused(strict_run, workspace):
+    proc = kit("run", "--arm", "smoke", "--rollouts", "1", "--run-id", "strict-1", "--allow-dirty",
+               env={"KIT_WORKSPACE": str(workspace)})
+    assert proc.returncode == 2 and "already used" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_native_mode_records_mismatch_and_passes_pp_gates(workspace, strict_run):
+    proc = kit("run", "--arm", "smoke", "--mode", "native", "--rollouts", "2", "--run-id", "native-1", "--allow-dirty",
+               "--json", env={"KIT_WORKSPACE": str(workspace)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""                       # --json: no progress, no chatter
+    assert json.loads(proc.stdout)["status"] == "succeeded"
+    run_dir = workspace / "runs" / "native-1"
+    report = json.loads((run_dir / "validation.json").read_text())
+    assert report["passed"] and report["summary"]["mismatch_count_total"] > 0
+    statuses = {g["id"]: g["status"] for g in report["gates"]}
+    assert statuses["rr-bitwise-zero"] == "not_applicable" and statuses["operator-routes"] == "passed"
+    # native vs consistency: the derived arm declares no comparison, so the operators are uncontrolled
+    cmp = kit("compare", "--json", str(strict_run[0]), str(run_dir))
+    assert cmp.returncode == 1
+    paths = {d["path"] for d in json.loads(cmp.stdout)["differences"] if d["status"] == "uncontrolled"}
+    assert {"operators.attention", "operators.ffn", "operators.logp"} <= paths
+    assert not any(p.startswith("observed.") for p in paths), paths
+
+
+def test_same_arm_twice_is_a_controlled_pair(workspace, strict_run):
+    proc = kit("run", "--arm", "smoke", "--mode", "consistency", "--rollouts", "2", "--run-id", "strict-2",
+               "--allow-dirty", env={"KIT_WORKSPACE": str(workspace)})
+    assert proc.returncode == 0, proc.stderr
+    cmp = kit("compare", str(strict_run[0]), str(workspace / "runs" / "strict-2"))
+    assert cmp.returncode == 0, cmp.stdout
+
+
+def test_dry_run_creates_nothing(tmp_path):
+    proc = kit("run", "--arm", "G10", "--dry-run", "--json", env={"KIT_WORKSPACE": str(tmp_path / "ws")})
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["schema"] == "rlk-kit/run-dry-run/v1"
+    argv = doc["plan"]["command"]["argv"]
+    assert "train.py" in argv and "--tensor-model-parallel-size" in argv
+    assert doc["manifest_preview"]["commands"]["train"] == argv
+    assert not (tmp_path / "ws").exists()
+
+
+def test_vime_arm_on_local_runtime_is_refused(tmp_path):
+    proc = kit("run", "--arm", "G10", "--runtime", "local", "--allow-dirty", env={"KIT_WORKSPACE": str(tmp_path)})
+    assert proc.returncode == 2 and "--runtime docker" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_sigterm_keeps_partial_evidence_without_seal(tmp_path):
+    env = dict(os.environ, KIT_WORKSPACE=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--arm", "smoke", "--rollouts", "40", "--run-id", "stop-me",
+                             "--allow-dirty"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "runs" / "stop-me" / "run.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (log.exists() and "step 0:" in log.read_text()):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    run_dir = tmp_path / "runs" / "stop-me"
+    assert not (run_dir / "seal.json").exists()
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "interrupted"
+    assert "step 0:" in (run_dir / "run.log").read_text()
+    assert kit("verify", str(run_dir)).returncode == 1
+
+
+def test_dirty_checkout_is_refused_without_allow_dirty(tmp_path):
+    from kit.run import repository_state
+
+    repo = tmp_path / "repo"
+    (repo / "kit").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "kit" / "a.py").write_text("x = 1\n")
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "a"], check=True)
+    assert repository_state(repo)["dirty"] is False
+    (repo / "kit" / "a.py").write_text("x = 2\n")
+    (repo / "unrelated.txt").write_text("outside the run's paths\n")
+    state = repository_state(repo)
+    assert state["dirty"] is True and state["status"] == [" M kit/a.py"]
