@@ -57,8 +57,6 @@ def command(platform, arm, stack_name, sources, no_cache, dry_run, as_json, work
             _print_plan(plan)
         return
     progress = None if as_json else _progress_printer()
-    from kit.images import collect_context  # noqa: F401  (sources_from is recorded below)
-
     result = build_image(plan, workspace=workspace, nocache=no_cache, progress=progress, arm=arm,
                          sources_from=_sources_from(stack, overrides, workspace))
     if as_json:
