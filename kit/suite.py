@@ -18,12 +18,12 @@ stopped and writes the partial summary marked interrupted. Example::
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from kit.documents import schema_id, sha256_of_document, write_new_document
 from kit.errors import BadInput, KitError
@@ -251,7 +251,7 @@ def arm_entry(spec: ArmSpec, *, outcome=None, error: str | None = None, figures:
         "reason": reason,
         "run_status": getattr(outcome, "status", None),
         "job_status": getattr(outcome, "job_status", None),
-        "gates_passed": validation["passed"] if "passed" in validation else None,
+        "gates_passed": validation.get("passed"),
         "failed_gates": failed_gates,
         "sealed": bool(outcome is not None and outcome.sealed),
         "seal_root_sha256": outcome.seal.get("root_sha256") if outcome is not None and outcome.sealed else None,
@@ -327,7 +327,7 @@ def attribution(arms: list[dict]) -> dict:
 def findings(table: dict, by_code: dict) -> list[str]:
     """The attribution in plain sentences."""
     out = []
-    name = lambda code: (by_code.get(code) or {}).get("arm") or code  # noqa: E731
+    name = lambda code: (by_code.get(code) or {}).get("arm") or code
     mods = table["modules"]
     if any(m["alone_makes_zero"] is None for m in mods):
         missing = [m["alone_arm"] for m in mods if m["alone_makes_zero"] is None]
@@ -363,7 +363,7 @@ def findings(table: dict, by_code: dict) -> list[str]:
 # --- the summary document ---------------------------------------------------------------------------
 
 def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return _dt.datetime.now(_dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 def exit_code_for(arms: list[dict], interrupted: bool) -> int:
@@ -440,7 +440,7 @@ def render_table(summary: dict) -> str:
 
 def _columns(head, rows) -> list[str]:
     widths = [max(len(str(r[i])) for r in (head, *rows)) for i in range(len(head))]
-    fmt = lambda r: "  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
+    fmt = lambda r: "  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip()
     return [fmt(head)] + [fmt(r) for r in rows]
 
 
@@ -553,7 +553,7 @@ def run_module_suite(plan: SuitePlan, *, progress: TextIO | None = None, log: Ca
                 interrupted, error = True, "interrupted"
             except KitError as exc:            # refused by kit run (run id taken meanwhile, image missing, ...)
                 error = str(exc)
-            except Exception as exc:           # a broken arm must not take the other seven with it
+            except Exception as exc:  # noqa: BLE001 -- a broken arm must not take the other seven with it
                 error = f"{type(exc).__name__}: {exc}"
             figures = run_figures(outcome.run_dir) if outcome is not None and outcome.run_dir else None
             entry = arm_entry(spec, outcome=outcome, error=error, figures=figures, elapsed_s=time.monotonic() - t0,

@@ -63,7 +63,12 @@ def module(suite_id, rollouts, stack, runtime, image, ray_address, workspace, al
       kit verify .workspace/runs/m1-smoke-m111
     """
     from kit.cli.run import default_workspace
-    from kit.suite import SuiteRequest, plan_module_suite, render_table, run_module_suite
+    from kit.suite import (
+        SuiteRequest,
+        plan_module_suite,
+        render_table,
+        run_module_suite,
+    )
 
     request = SuiteRequest(suite_id=suite_id, rollouts=rollouts, workspace=workspace or default_workspace(), stack=stack,
                            runtime=runtime, image=image, ray_address=ray_address, allow_dirty=allow_dirty,
