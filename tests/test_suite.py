@@ -208,9 +208,9 @@ def test_an_arm_that_fails_is_recorded_and_the_suite_continues(tmp_path, capsys)
 
 
 def test_ctrl_c_stops_the_suite_and_writes_the_partial_summary(tmp_path):
-    # the signal lands after the second arm's first step of six: that run stops, the suite stops
+    # the signal lands after the second arm's first step of twenty: that run stops, the suite stops
     env = dict(os.environ, KIT_WORKSPACE=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "kit", "suite", "module", "--suite-id", "t3", "--rollouts", "6",
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "suite", "module", "--suite-id", "t3", "--rollouts", "20",
                              "--stack", "smoke", "--allow-dirty"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     second = tmp_path / "runs" / "t3-smoke-m100" / "run.log"
