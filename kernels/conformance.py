@@ -40,6 +40,8 @@ class CheckShape:
     prompt_len: int
     batch_sizes: tuple
     reductions: dict = field(default_factory=dict)
+    train_layouts: tuple = ()          # empty: every training layout
+    rollout_tps: tuple = ()            # empty: every rollout TP
 
 
 def check_shape(shape: str, device: str = "cpu") -> CheckShape:
@@ -47,10 +49,14 @@ def check_shape(shape: str, device: str = "cpu") -> CheckShape:
         return CheckShape("smoke", ModelConfig.smoke(), seq_len=16, prompt_len=8, batch_sizes=(1, 2, 3, 8, 17, 64))
     if shape == "qwen3-8b":
         if device == "cpu":
-            return CheckShape("qwen3-8b", ModelConfig.qwen3_8b(), seq_len=16, prompt_len=12, batch_sizes=(1, 2, 3, 4),
+            # every call streams the full-size weights (2.5 GB of LM head); keep the CPU run to minutes
+            return CheckShape("qwen3-8b", ModelConfig.qwen3_8b(), seq_len=16, prompt_len=14, batch_sizes=(1, 3),
+                              train_layouts=(TrainLayout(1, 8), TrainLayout(2, 4), TrainLayout(4, 2), TrainLayout(8, 1)),
+                              rollout_tps=(1, 4),
                               reductions={
-                                  "seq_len": "16 tokens per sequence (12 prefilled, 4 decoded) instead of prompt plus 7168 response tokens",
-                                  "batch_sizes": "decode batches 1, 2, 3, 4 instead of 1..64",
+                                  "seq_len": "16 tokens per sequence (14 prefilled, 2 decoded) instead of prompt plus 7168 response tokens",
+                                  "batch_sizes": "decode batches 1 and 3 (4 sequences in all) instead of 1..64",
+                                  "layouts": "training TP1/CP8, TP2/CP4, TP4/CP2, TP8/CP1 against TP1/CP1; rollout TP1 and TP4",
                                   "layers": "one layer's attention and FFN weights, and the full LM head",
                               })
         return CheckShape("qwen3-8b", ModelConfig.qwen3_8b(), seq_len=256, prompt_len=192, batch_sizes=(1, 2, 3, 8, 17, 64),
@@ -136,9 +142,10 @@ def _rollout_variant(module, impl, inp, cfg, x, targets, tp, prompt_len):
 
 
 def _variants(shape: CheckShape):
-    out = [("train " + lay.label, "train", lay) for lay in training_layouts()]
-    out += [(f"rollout TP{lay.tp} prefill+decode", "rollout", lay) for lay in rollout_layouts()]
-    tps = [lay.tp for lay in rollout_layouts()]
+    train = shape.train_layouts or tuple(training_layouts())
+    tps = list(shape.rollout_tps or [lay.tp for lay in rollout_layouts()])
+    out = [("train " + lay.label, "train", lay) for lay in train]
+    out += [(f"rollout TP{tp} prefill+decode", "rollout", RolloutLayout(tp)) for tp in tps]
     out += [(f"decode batch {n} (rollout TP{tps[i % len(tps)]})", "batch", (n, tps[i % len(tps)]))
             for i, n in enumerate(shape.batch_sizes)]
     return out

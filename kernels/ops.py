@@ -17,7 +17,7 @@ the gathered vocabulary. R fixes every order: per-virtual-shard GEMMs through
 the ``canonical_tp`` virtual shards, attention over global key positions in fixed KV blocks merged
 in block order, and logp merged from per-shard (max, sum-exp, target logit) summaries in global
 vocabulary order. The R entry points :func:`strict_linear_rows`, :func:`strict_attention`,
-:func:`strict_logp` take a ``device``; the CPU implementation is the reference a GPU twin must match.
+:func:`strict_logp` take a ``device`` (None: where the inputs are); the CPU implementation is the reference a GPU twin must match.
 
 Example::
 
@@ -64,9 +64,11 @@ def _norm(impl, x, weight, eps):
 
 # --- strict building blocks (the GPU-twin boundary) -------------------------------------------------
 
-def strict_linear_rows(x, w_shards, device: str = "cpu"):
+def strict_linear_rows(x, w_shards, device: str | None = None):
     """Per-virtual-shard products ``x @ w_shards[s]`` -> [S, M, N], row-invariant; ``x`` [M, K] or [S, M, K]."""
-    return pr.tiled_matmul_shards(x.to(device), w_shards.to(device))
+    if device is not None:
+        x, w_shards = x.to(device), w_shards.to(device)
+    return pr.tiled_matmul_shards(x, w_shards)
 
 
 def strict_linear_reduce(group, partials_by_rank: dict):
@@ -75,7 +77,7 @@ def strict_linear_reduce(group, partials_by_rank: dict):
     return pr.tree_reduce(shards)
 
 
-def strict_attention(q, k, v, q_pos, *, block: int = ATTENTION_KV_BLOCK, device: str = "cpu"):
+def strict_attention(q, k, v, q_pos, *, block: int = ATTENTION_KV_BLOCK, device: str | None = None):
     """Causal attention of queries at global positions over keys in global order, in fixed KV blocks.
 
     ``q`` [B, Hq, Lq, D] (already scaled), ``k``/``v`` [B, Hkv, Lk, D] holding key positions 0..Lk-1,
@@ -85,7 +87,8 @@ def strict_attention(q, k, v, q_pos, *, block: int = ATTENTION_KV_BLOCK, device:
     """
     import torch
 
-    q, k, v, q_pos = q.to(device), k.to(device), v.to(device), q_pos.to(device)
+    if device is not None:
+        q, k, v, q_pos = q.to(device), k.to(device), v.to(device), q_pos.to(device)
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=1)
@@ -126,7 +129,7 @@ def strict_attention(q, k, v, q_pos, *, block: int = ATTENTION_KV_BLOCK, device:
 
 
 def strict_logp(h, lm_shards, targets, *, vocab: int, temperature: float = 1.0, tp: int = 1,
-                want_logits: bool = False, device: str = "cpu"):
+                want_logits: bool = False, device: str | None = None):
     """Selected-token log-probability from per-virtual-shard (max, sum-exp, target logit) summaries.
 
     ``h`` [N, K] (final-normed), ``lm_shards`` [C, K, V/C] (LM head, transposed per shard),
@@ -135,7 +138,8 @@ def strict_logp(h, lm_shards, targets, *, vocab: int, temperature: float = 1.0, 
     """
     import torch
 
-    h, lm_shards, targets = h.to(device), lm_shards.to(device), targets.to(device)
+    if device is not None:
+        h, lm_shards, targets = h.to(device), lm_shards.to(device), targets.to(device)
     canonical, _, width = lm_shards.shape
     group = VirtualGroup(tp)
     summaries = {}

@@ -65,7 +65,6 @@ def tiled_matmul_shards(x, w_shards):
         w = w_shards[s]
         if wide != cols:
             w = torch.cat([w, w.new_zeros(inner, wide - cols)], dim=1)
-        w = w.contiguous()
         out.append(torch.cat([torch.mm(x[s, t * ROW_TILE:(t + 1) * ROW_TILE], w) for t in range(tiles)]))
     return torch.stack(out)[:, :rows, :cols]
 
