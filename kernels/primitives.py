@@ -65,6 +65,10 @@ def tiled_matmul_shards(x, w_shards):
         w = w_shards[s]
         if wide != cols:
             w = torch.cat([w, w.new_zeros(inner, wide - cols)], dim=1)
+        # small weights are made dense (faster small GEMMs); a large one keeps its view, whose strides
+        # are the same at every call site in every layout, so the kernel choice stays fixed anyway
+        if w.numel() <= 1 << 20:
+            w = w.contiguous()
         out.append(torch.cat([torch.mm(x[s, t * ROW_TILE:(t + 1) * ROW_TILE], w) for t in range(tiles)]))
     return torch.stack(out)[:, :rows, :cols]
 
