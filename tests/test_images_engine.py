@@ -54,6 +54,9 @@ def test_probe_in_a_container_reports_the_same_pins(cpu_image, smoke_stack):
     assert heads == {s["name"]: s["commit"] for s in smoke_stack.sources}
     assert result.observed["packages"]["torch"] == "2.13.0+cpu"
     assert result.observed["python"]["version"] == "3.11.2"
+    cli = run_kit("verify", "--image", cpu_image.tag, "--arm", "smoke", "--json")
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert json.loads(cli.stdout)["results"][0]["status"] == "ok"
     vime = next(s for s in result.observed["sources"] if s["name"] == "vime")
     assert vime["worktree_tree"] == smoke_stack.source("vime")["tree"] != vime["commit_tree"]   # patch applied
 
@@ -122,6 +125,9 @@ def test_edited_baked_source_fails_verification_naming_it(cpu_image, smoke_stack
         assert not result.matches
         fields = [f for f, _, _ in result.differences]
         assert fields == ["sources.rl-kernel.tree"], result.differences
+        cli = run_kit("verify", "--image", tampered.id, "--arm", "smoke")
+        assert cli.returncode == 1 and "FAIL" in cli.stdout
+        assert "probe sources.rl-kernel.tree" in cli.stdout, cli.stdout
     finally:
         docker_engine.images.remove(tampered.id, force=True)
 

@@ -69,6 +69,16 @@ def _verify_image(image: str, arm_name: str | None, stack_name: str | None):
 
     if bool(arm_name) == bool(stack_name):
         raise BadInput("--image needs exactly one of --arm A or --stack S (the stack the image must hold)")
+    from kit.images import check_image
+    from kit.verify import FileVerdict
+
     catalog = Catalog.default()
     stack = catalog.arm(arm_name).stack if arm_name else catalog.stack(stack_name)
-    return verify_image_by_probe(image, stack)
+    verdict = FileVerdict(f"image {image}", kind="image")
+    labels = check_image(image, stack)           # what the image claims
+    probe = verify_image_by_probe(image, stack)  # what a container of it observes
+    verdict.problems = [(f"label {name}", f"expected {want!r}, found {got!r}") for name, want, got in labels.differences]
+    verdict.problems += [(f"probe {name}", f"expected {want!r}, observed {got!r}") for name, want, got in probe.differences]
+    verdict.status = "fail" if verdict.problems else "ok"
+    verdict.notes.append(f"image id {labels.image_id}; stack {stack.name} ({stack.sha256[:12]})")
+    return verdict
