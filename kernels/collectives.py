@@ -19,6 +19,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
 
 from rlk_kernels.primitives import tree_reduce
@@ -38,6 +40,33 @@ class VirtualGroup:
         if missing:
             raise ValueError(f"virtual group of {self.size}: no value for ranks {missing}")
         return [local[r] for r in range(self.size)]
+
+
+# Set only inside one-process-per-rank runs (rlk_kernels.distributed); None means emulate every rank.
+_RESOLVER: contextvars.ContextVar = contextvars.ContextVar("rlk_kernels_group_resolver", default=None)
+
+
+def group_for(axis: str, size: int):
+    """The communicator of parallel axis ``axis`` ("tp" or "cp") with ``size`` ranks.
+
+    A :class:`VirtualGroup` unless :func:`use_groups` installed a resolver, which is how a run
+    with one process per rank hands its real process groups to unchanged operator code.
+
+    >>> group_for("tp", 4)
+    VirtualGroup(size=4)
+    """
+    resolver = _RESOLVER.get()
+    return VirtualGroup(size) if resolver is None else resolver(axis, size)
+
+
+@contextlib.contextmanager
+def use_groups(resolver):
+    """Within the block, ``group_for(axis, size)`` returns ``resolver(axis, size)``."""
+    token = _RESOLVER.set(resolver)
+    try:
+        yield
+    finally:
+        _RESOLVER.reset(token)
 
 
 def all_gather(group, local: dict) -> list:

@@ -33,7 +33,7 @@ Example::
 from __future__ import annotations
 
 from rlk_kernels import primitives as pr
-from rlk_kernels.collectives import VirtualGroup, all_gather, all_reduce_fixed_tree, all_reduce_rank_order
+from rlk_kernels.collectives import all_gather, all_reduce_fixed_tree, all_reduce_rank_order, group_for
 from rlk_kernels.layouts import virtual_shards
 
 ATTENTION_KV_BLOCK = 16
@@ -141,7 +141,7 @@ def strict_logp(h, lm_shards, targets, *, vocab: int, temperature: float = 1.0, 
     if device is not None:
         h, lm_shards, targets = h.to(device), lm_shards.to(device), targets.to(device)
     canonical, _, width = lm_shards.shape
-    group = VirtualGroup(tp)
+    group = group_for("tp", tp)
     summaries = {}
     logit_parts = {}
     for rank in group.local_ranks():
@@ -203,7 +203,7 @@ def _split_qkv(out, cfg, shards: int):
 def qkv_projection(impl, w, cfg, x, tp):
     """Column-parallel QKV: rows [M, H] -> q [M, Hq, D], k, v [M, Hkv, D] (heads in global order)."""
     import torch
-    group = VirtualGroup(tp)
+    group = group_for("tp", tp)
     shard_w = _qkv_shard_weights(w, cfg)
     per_rank = {}
     for rank in group.local_ranks():
@@ -222,7 +222,7 @@ def qkv_projection(impl, w, cfg, x, tp):
 
 def o_projection(impl, w, cfg, attn, tp):
     """Row-parallel output projection: attn [M, Hq, D] -> [M, H]."""
-    group = VirtualGroup(tp)
+    group = group_for("tp", tp)
     c = cfg.canonical_tp
     rows = attn.shape[0]
     per = cfg.heads // c
@@ -312,7 +312,7 @@ def attention_module_train(impl, w, cfg, rope, xs, positions, tp):
     _check_impl(impl)
     cp = len(xs)
     batch = xs[0].shape[0]
-    cp_group = VirtualGroup(cp)
+    cp_group = group_for("cp", cp)
     local_q, local_kv, pos_t = {}, {}, {}
     for c in cp_group.local_ranks():
         pos_t[c] = torch.tensor(positions[c], dtype=torch.long).unsqueeze(0).expand(batch, -1)
@@ -333,7 +333,9 @@ def attention_module_train(impl, w, cfg, rope, xs, positions, tp):
         elif cp == 1:
             core = _sdpa(q, k_all, v_all, causal=True)
         else:
-            core = _ring_attention(q, pos_t[c], gathered, [pos_t[r] for r in range(cp)], c)
+            # every CP rank's positions, not only the ranks hosted here (one rank per process)
+            all_pos = [torch.tensor(p, dtype=torch.long).unsqueeze(0).expand(batch, -1) for p in positions]
+            core = _ring_attention(q, pos_t[c], gathered, all_pos, c)
         rows = core.transpose(1, 2).reshape(-1, cfg.heads, cfg.head_dim)
         outs.append(o_projection(impl, w, cfg, rows, tp).view(batch, -1, cfg.hidden))
     return outs
@@ -385,7 +387,7 @@ def ffn_module(impl, w, cfg, x, tp):
     _check_impl(impl)
     c = cfg.canonical_tp
     per = cfg.ffn_hidden // c
-    group = VirtualGroup(tp)
+    group = group_for("tp", tp)
     normed = _norm(impl, x, w["post_norm"], cfg.norm_eps)
     gate_up = torch.cat([w["w_gate"].view(c, per, cfg.hidden), w["w_up"].view(c, per, cfg.hidden)], dim=1).transpose(1, 2)
     down = w["w_down"].view(cfg.hidden, c, per).permute(1, 2, 0)                     # [C, per, H]
@@ -425,7 +427,7 @@ def logp_module(impl, weights, cfg, x, targets, tp, *, temperature=1.0, want_log
     if impl == "R":
         return strict_logp(normed, lm_head_shards(weights, cfg), targets, vocab=cfg.vocab,
                            temperature=temperature, tp=tp, want_logits=want_logits)
-    group = VirtualGroup(tp)
+    group = group_for("tp", tp)
     width = cfg.padded_vocab // tp
     local = {}
     for r in group.local_ranks():
