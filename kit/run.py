@@ -49,6 +49,7 @@ class RunRequest:
     dry_run: bool = False
     allow_dirty: bool = False
     sign_key: Path | None = None
+    ray_head: bool = False            # local: run as a Ray job on a head the kit starts and stops
 
 
 @dataclass
@@ -279,6 +280,8 @@ def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callabl
 
     if request.detach and request.runtime != "ray":
         raise BadInput("--detach needs --runtime ray: the local and docker runtimes stop what they started")
+    if request.ray_head and request.runtime != "local":
+        raise BadInput(f"--ray-head goes with --runtime local (the {request.runtime} runtime has its own Ray)")
     if request.runtime == "local" and request.arm.engine != "smoke":
         raise BadInput(f"--runtime local: arm {request.arm.name} is a {request.arm.engine} arm; its engines exist only "
                        f"in its image: use --runtime docker (kit build {request.arm.platform} --arm {request.arm.name}) "
@@ -298,7 +301,7 @@ def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callabl
                        f"e.g. {shown}); commit them, or pass --allow-dirty for a development run (recorded in the manifest)")
 
     runtime = make_runtime(request.runtime, arm=request.arm, image=request.image, workspace=workspace, run_id=run_id,
-                           ray_address=request.ray_address, network=request.network)
+                           ray_address=request.ray_address, network=request.network, ray_head=request.ray_head)
     started = time.monotonic()
     with _Signals() as signals:
         try:

@@ -23,6 +23,9 @@ def default_workspace() -> Path:
                    "Ray head inside (default for VIME arms); ray: an existing cluster at --ray-address.")
 @click.option("--image", metavar="REF", help="docker: the image (default: the one labelled with the arm's stack sha256).")
 @click.option("--ray-address", metavar="URL", help="ray: the cluster's dashboard URL, e.g. http://head:8265.")
+@click.option("--ray-head", is_flag=True,
+              help="local: run the smoke arm as a Ray job (driver, rollout and trainer actors) on a Ray head the kit "
+                   "starts on this host and stops after the run.")
 @click.option("--network", metavar="NAME", help="docker: a named Docker network for the container (default bridge).")
 @click.option("--workspace", type=click.Path(path_type=Path, file_okay=False),
               help="Workspace root; runs go to <workspace>/runs/<run-id> (default $KIT_WORKSPACE, else ./.workspace).")
@@ -35,7 +38,7 @@ def default_workspace() -> Path:
 @click.option("--sign-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="ed25519 private key (PEM or 32 raw bytes) that signs the seal.")
 @click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/run-status/v1 document (dry run: rlk-kit/run-dry-run/v1); no progress.")
-def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, runtime, image, ray_address, network,
+def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, runtime, image, ray_address, ray_head, network,
             workspace, run_id, rollouts, wait, dry_run, allow_dirty, sign_key, as_json):
     """Run an arm and seal its evidence: plan → preflight → start → stream → collect → validate → seal.
 
@@ -49,6 +52,7 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
     Examples:
       kit run --arm smoke                                     # in-process, sealed
       kit run --arm smoke --mode native --rollouts 5          # all operators P/P
+      kit run --arm smoke --ray-head                          # as a Ray job on a local head the kit starts and stops
       kit run --arm smoke --runtime docker                    # the CPU smoke image
       kit run --arm smoke --runtime ray --ray-address http://head:8265
       kit run --arm G10 --dry-run --json                      # the plan, nothing created
@@ -60,7 +64,7 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
     arm = select_arm(arm_ref, mode)
     request = RunRequest(arm=arm, workspace=workspace or default_workspace(),
                          overrides=TopologyOverrides(tp_size, cp_size, rollout_tp_size, rollout_cp_size),
-                         runtime=runtime or ("local" if arm.engine == "smoke" else "docker"), image=image, ray_address=ray_address, network=network, run_id=run_id,
+                         runtime=runtime or ("local" if arm.engine == "smoke" else "docker"), image=image, ray_address=ray_address, network=network, run_id=run_id, ray_head=ray_head,
                          rollouts=rollouts, detach=not wait, dry_run=dry_run, allow_dirty=allow_dirty, sign_key=sign_key)
     log = (lambda s: None) if as_json else (lambda s: click.echo(f"kit: {s}", err=True))
     outcome = execute(request, progress=None if as_json else sys.stderr, log=log)

@@ -65,6 +65,9 @@ class Runtime:
 
 
 def make_runtime(kind: str, **kw) -> Runtime:
+    if kind == "local" and kw.get("ray_head"):
+        from kit.runtimes.local_ray import LocalRayRuntime
+        return LocalRayRuntime(**kw)
     if kind == "local":
         from kit.runtimes.local import LocalRuntime
         return LocalRuntime(**kw)
@@ -126,8 +129,12 @@ class RayJob:
 
     def __init__(self, address: str, *, lost_after_s: float = 10.0, poll_s: float = 0.5,
                  alive: Callable[[], bool] | None = None):
+        import logging
+
         from ray.job_submission import JobSubmissionClient
 
+        # the SDK logs every package upload at INFO on the user's terminal; the kit reports progress itself
+        logging.getLogger("ray.dashboard").setLevel(logging.WARNING)
         self.address = address
         self.alive = alive
         self.client = JobSubmissionClient(address)

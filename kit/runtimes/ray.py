@@ -87,7 +87,8 @@ class RayRuntime(Runtime):
         self.job: RayJob | None = None
         self._staging: str | None = None
 
-    def preflight(self) -> None:
+    def probe_cluster(self) -> dict:
+        """Run the probe on every alive node through one Jobs API job; the cluster's facts and identities."""
         wait_for_jobs_api(self.address, timeout_s=30)
         probe = RayJob(self.address)
         lines: list[str] = []
@@ -101,7 +102,10 @@ class RayRuntime(Runtime):
         if status != "SUCCEEDED" or not found:
             tail = "\n".join(lines[-15:])
             raise CheckFailed(f"the per-node probe job on {self.address} ended {status}:\n{tail}")
-        self.cluster = json.loads(found[-1])
+        return json.loads(found[-1])
+
+    def preflight(self) -> None:
+        self.cluster = self.probe_cluster()
         problems = node_problems(self.cluster["nodes"], self.arm.stack.document)
         if problems:
             raise CheckFailed(f"the Ray cluster at {self.address} is not homogeneous with stack {self.arm.stack.name}:\n  "

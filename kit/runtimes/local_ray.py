@@ -1,0 +1,102 @@
+"""The local runtime with a Ray head: the smoke arm as a Ray job (driver plus rollout and trainer
+actors) on a single-node cluster that the kit starts before the run and stops after it.
+
+The head runs as ``ray start --head --block`` in its own process group with its temp dir, ports
+and HOME of its own, so it never touches another Ray on the host and is stopped by its group id.
+As with the in-process local runtime, the host is not the pinned image: the node's identity
+differences from the stack are recorded, not refused. Example::
+
+    rt = LocalRayRuntime(arm=arm, run_id="r1")
+    rt.preflight()     # starts the head, probes its node
+    ...
+    rt.close()         # stops the head
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kit.errors import BadInput, CheckFailed
+from kit.runtimes import free_port
+from kit.runtimes.ray import RayRuntime
+
+
+def ray_start_command(temp_dir: str, dashboard_port: int, num_cpus: int) -> list[str]:
+    ray = str(Path(sys.executable).with_name("ray"))
+    return [ray if os.path.exists(ray) else "ray", "start", "--head", "--block", f"--port={free_port()}",
+            f"--num-cpus={num_cpus}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard_port}", f"--temp-dir={temp_dir}",
+            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+            f"--metrics-export-port={free_port()}", "--disable-usage-stats"]
+
+
+class LocalRayRuntime(RayRuntime):
+    kind = "local"
+
+    def __init__(self, *, arm, run_id: str, **_):
+        if arm.engine != "smoke":
+            raise BadInput(f"--ray-head: arm {arm.name} is a {arm.engine} arm; only smoke arms run on the host")
+        # short temp dir: Ray's socket paths must stay under 107 bytes
+        self.temp_dir = tempfile.mkdtemp(prefix="rlk-ray-", dir="/tmp")
+        self.dashboard_port = free_port()
+        self.start_command = ray_start_command(self.temp_dir, self.dashboard_port, max(2, os.cpu_count() or 2))
+        super().__init__(arm=arm, ray_address=f"http://127.0.0.1:{self.dashboard_port}", run_id=run_id,
+                         python=sys.executable)
+        self.head: subprocess.Popen | None = None
+        self.differences: list = []
+
+    def preflight(self) -> None:
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": self.temp_dir, "RAY_TMPDIR": self.temp_dir}
+        env.pop("RAY_ADDRESS", None)
+        self.head = subprocess.Popen(self.start_command, env=env, start_new_session=True,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while True:
+            if self.head.poll() is not None:
+                raise CheckFailed(f"the local Ray head exited with {self.head.returncode}: {' '.join(self.start_command)}")
+            try:
+                self.cluster = self.probe_cluster()
+                break
+            except CheckFailed:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+        from kit.probe import identity_differences
+        node = self.cluster["nodes"][0]["identity"] if self.cluster["nodes"] else {}
+        self.differences = [list(d) for d in identity_differences(node, self.arm.stack.document)]
+
+    def describe(self) -> dict:
+        out = super().describe()
+        out["runtime"] = {"kind": self.kind, "ray_head": True, "address": self.address,
+                          "note": "a single-node Ray head the kit started on the host and stopped after the run; "
+                                  "the host is not the pinned image: identity differences are recorded, not refused"}
+        out["identity_differences"] = self.differences
+        out["ray_cluster"]["start_command"] = list(self.start_command)
+        out["ray_cluster"]["note"] = "started and stopped by the kit for this run"
+        return out
+
+    def job_argv(self, plan: dict, host_run_dir: str) -> list[str]:
+        argv = super().job_argv(plan, host_run_dir)
+        return [sys.executable, *argv[1:], "--ray"]
+
+    def close(self) -> None:
+        super().close()
+        if self.head is not None and self.head.poll() is None:
+            for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(self.head.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.head.wait(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
