@@ -17,6 +17,7 @@ def command():
     Example:
       kit kernels check                       # CPU, smoke shapes, table + fingerprint
       kit kernels check --shape qwen3-8b --json
+      kit kernels distributed --backend gloo --world 4
     """
 
 
@@ -51,3 +52,46 @@ def check(device: str, shape: str, as_json: bool):
     if not report["passed"]:
         bad = [m["module"] for m in report["modules"] if not m["strict_invariant"]]
         raise CheckFailed(f"strict operators are not invariant: {', '.join(bad)}")
+
+
+@command.command(name="distributed")
+@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True,
+              help="gloo: CPU processes; nccl: one CUDA GPU per rank.")
+@click.option("--world", type=int, default=2, show_default=True,
+              help="Ranks (processes): 1, 2, 4 or 8. Runs every training TP x CP = world and every rollout TP dividing it.")
+@click.option("--shape", type=click.Choice(["smoke", "qwen3-8b"]), default="smoke", show_default=True,
+              help="Model shapes; qwen3-8b with gloo runs the oracle's reduced CPU sizes (listed in the output).")
+@click.option("--json", "as_json", is_flag=True, help="Print the rlk-kit/distributed-check/v1 document instead of the table.")
+def distributed(backend: str, world: int, shape: str, as_json: bool):
+    """Run the strict modules with one process per rank and compare them byte for byte with virtual ranks.
+
+    R must hash the same on every rank, as the single-process virtual-rank run of the same layout and
+    as the TP1/CP1 reference; P's mismatches across layouts are reported. Multicast stays off in every
+    rank (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1).
+    Exit 0 when R is byte-identical everywhere, 1 when not (or a rank failed), 2 on bad input.
+
+    \b
+    Example:
+      kit kernels distributed --backend gloo --world 4
+      kit kernels distributed --backend nccl --world 8 --shape qwen3-8b --json > ranks.json
+    """
+    from rlk_kernels.distributed import RankFailed, check_backend
+    from rlk_kernels.distributed_check import WORLDS, format_table, run_distributed
+
+    if world not in WORLDS:
+        raise BadInput(f"--world {world}: accepted {', '.join(map(str, WORLDS))}")
+    try:
+        check_backend(backend, world)
+    except ValueError as exc:
+        raise BadInput(f"--backend {backend} --world {world}: {exc}") from None
+    try:
+        report = run_distributed(backend=backend, world=world, shape=shape)
+    except RankFailed as exc:
+        raise CheckFailed(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        click.echo(format_table(report))
+    if not report["passed"]:
+        bad = [m["module"] for m in report["modules"] if not m["strict_invariant"]]
+        raise CheckFailed(f"strict operators differ over {world} real ranks: {', '.join(bad)}")
