@@ -139,8 +139,10 @@ def source_problems(stack_doc: dict, platform: str) -> list[str]:
 
 def build_args(stack_doc: dict, platform: str) -> dict[str, str]:
     """The Dockerfile's build args for a resolved stack: every pin the image is made from."""
+    from kit.stack import packages_for
+
     entry = stack_doc["platforms"][platform]
-    packages = stack_doc["packages"]
+    packages = packages_for(stack_doc, platform)
     args = {
         "BASE_IMAGE": entry["base_image"],
         "PYTHON_VERSION": stack_doc["python"],
@@ -204,7 +206,9 @@ def labels(stack_doc: dict, stack_sha256: str, platform: str, *, inputs_sha256: 
         out[f"{p}.base.unresolved"] = "true"
     if created:
         out["org.opencontainers.image.created"] = created
-    for name, version in stack_doc["packages"].items():
+    from kit.stack import packages_for
+
+    for name, version in packages_for(stack_doc, platform).items():
         out[f"{p}.package.{name}"] = version
     for src in stack_doc["sources"]:
         out[f"{p}.source.{src['name']}.commit"] = src["commit"]
@@ -266,10 +270,12 @@ def make_plan(stack_doc: dict, stack_sha256: str, platform: str, context: list[C
     if entry.get("unresolved"):
         all_notes.append(f"base {entry['base_image']} is unresolved (a tag, not a digest)"
                          + (f": {entry['note']}" if entry.get("note") else ""))
-    if platform == "rocm" and any("+" not in v for n, v in stack_doc["packages"].items() if n == "torch"):
+    from kit.stack import packages_for
+
+    if platform == "rocm" and any("+" not in v for n, v in packages_for(stack_doc, platform).items() if n == "torch"):
         all_notes.append("rocm: torch from the ROCm wheel index reports a local version (+rocmX.Y); the in-image "
                          "probe compares versions exactly, so a stack built for rocm must pin that form")
-    if platform == "rocm" and "transformer-engine" in stack_doc["packages"]:
+    if platform == "rocm" and "transformer-engine" in packages_for(stack_doc, platform):
         all_notes.append("rocm: Transformer Engine has no ROCm wheel on PyPI; Dockerfile.rocm builds the pinned "
                          "version with NVTE_USE_ROCM=1, which needs ROCm TE sources of that version")
     return BuildPlan(platform=platform, stack_name=stack_doc["name"], stack_sha256=stack_sha256,

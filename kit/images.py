@@ -164,7 +164,9 @@ def _kit_source_entries() -> list[ContextEntry]:
 
 
 def wheelhouse_requirements(stack_doc: dict) -> list[str]:
-    return sorted([requirement(n, v) for n, v in stack_doc["packages"].items()] + list(WHEELHOUSE_BUILD_TOOLS))
+    from kit.stack import packages_for
+
+    return sorted([requirement(n, v) for n, v in packages_for(stack_doc, "cpu").items()] + list(WHEELHOUSE_BUILD_TOOLS))
 
 
 def _wheelhouse_entries(stack_doc: dict, workspace: Path, dry_run: bool, out: CollectedContext) -> list[ContextEntry]:

@@ -51,7 +51,7 @@ def observed_identity(stack: dict | None = None, *, source_roots: dict[str, Path
         "kit_version": __version__,
         "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
                    "executable": sys.executable},
-        "packages": _package_versions(sorted((names_from or {}).get("packages", {}))),
+        "packages": _package_versions(sorted(_package_names(names_from))),
         "freeze": _freeze(),
         "sources": [_source_identity(name, Path(path)) for name, path in sorted(roots.items())],
         "torch": _torch_identity(),
@@ -80,8 +80,10 @@ def identity_differences(observed: dict, stack: dict) -> list[tuple[str, str | N
     found_python = observed.get("python", {}).get("version")
     if stack.get("python") and found_python != stack["python"]:
         out.append(("python", stack["python"], found_python))
+    from kit.stack import packages_for
+
     packages = observed.get("packages", {})
-    for name, version in sorted(stack.get("packages", {}).items()):
+    for name, version in sorted(packages_for(stack, observed_platform(observed)).items()):
         if packages.get(name) != version:
             out.append((f"packages.{name}", version, packages.get(name)))
     by_name = {s["name"]: s for s in observed.get("sources", [])}
@@ -100,7 +102,24 @@ def identity_differences(observed: dict, stack: dict) -> list[tuple[str, str | N
     return out
 
 
+def observed_platform(observed: dict) -> str:
+    """rocm when torch was built for HIP, cuda when for CUDA, else cpu: which platform's pins apply."""
+    torch_id = observed.get("torch") or {}
+    if torch_id.get("hip"):
+        return "rocm"
+    if torch_id.get("cuda"):
+        return "cuda"
+    return "cpu"
+
+
 # --- pieces -----------------------------------------------------------------------------------
+
+def _package_names(stack: dict | None) -> set[str]:
+    names = set((stack or {}).get("packages", {}))
+    for entry in (stack or {}).get("platforms", {}).values():
+        names |= set(entry.get("packages", {}))
+    return names
+
 
 def _embedded_stack() -> dict | None:
     from kit.image_layout import STACK_PATH

@@ -53,6 +53,9 @@ class Stack:
     def sources(self) -> list[dict]:
         return list(self.document["sources"])
 
+    def packages_for(self, platform: str) -> dict[str, str]:
+        return packages_for(self.document, platform)
+
     def source(self, name: str) -> dict | None:
         return next((s for s in self.sources if s["name"] == name), None)
 
@@ -70,6 +73,17 @@ class Stack:
             if entry.get("unresolved"):
                 out.append(f"platforms.{platform}.base_image {entry['base_image']} is a tag, not a digest")
         return out
+
+
+def packages_for(resolved: dict, platform: str) -> dict[str, str]:
+    """The exact versions an image of ``platform`` holds: the stack's, with the platform's overrides.
+
+    >>> packages_for({"packages": {"torch": "2.9.1"}, "platforms": {"rocm": {"packages": {"torch": "2.9.1+rocm6.3"}}}}, "rocm")
+    {'torch': '2.9.1+rocm6.3'}
+    """
+    merged = dict(resolved.get("packages", {}))
+    merged.update((resolved.get("platforms", {}).get(platform) or {}).get("packages", {}))
+    return merged
 
 
 def stack_identity(resolved: dict) -> dict:
