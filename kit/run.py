@@ -50,6 +50,9 @@ class RunRequest:
     allow_dirty: bool = False
     sign_key: Path | None = None
     ray_head: bool = False            # local: run as a Ray job on a head the kit starts and stops
+    model: Path | None = None         # VIME arms: Hugging Face checkpoint dir, mounted read-only
+    checkpoint: Path | None = None    # VIME arms: Megatron torch_dist dir, mounted read-only
+    prompt_data: Path | None = None   # VIME arms: prompt JSONL (default: kit prepare's output in the workspace)
 
 
 @dataclass
@@ -125,6 +128,34 @@ def file_inputs(paths: dict[str, Path | None], cache: Path) -> dict:
             out[name] = {"path": str(path), "sha256": hash_file_cached(path, c)}
             c.save()
     return out
+
+
+def vime_input_files(request: RunRequest) -> dict[str, Path]:
+    """The files a VIME arm reads, from the flags or the workspace that ``kit prepare`` filled; each must exist."""
+    from kit.prepare import Workspace
+
+    ws = Workspace(request.workspace)
+    given = {"model": (request.model, "--model DIR (the Hugging Face checkpoint)"),
+             "checkpoint": (request.checkpoint, "--checkpoint DIR (the torch_dist checkpoint kit prepare --convert-checkpoint wrote)"),
+             "prompt_data": (request.prompt_data or ws.data, f"--prompt-data FILE (default {ws.data}, written by kit prepare)")}
+    out = {}
+    for name, (path, flag) in given.items():
+        if path is None:
+            raise BadInput(f"arm {request.arm.name} reads {name.replace('_', ' ')}: give {flag}")
+        path = Path(path)
+        if not path.exists():
+            raise BadInput(f"{path}: not found; give {flag}")
+        out[name] = path.resolve()
+    return out
+
+
+def input_mounts(files: dict[str, Path]) -> dict[str, str]:
+    """Host path -> in-image path, all read-only (kit/image_layout.py)."""
+    from kit import image_layout as L
+
+    mounts = {str(files["model"]): L.MODEL_DIR, str(files["checkpoint"]): L.CHECKPOINT_DIR}
+    mounts[str(files["prompt_data"])] = f"{L.DATA_DIR}/dapo-math-17k.jsonl"
+    return mounts
 
 
 def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job: dict, env_host: dict,
@@ -300,8 +331,10 @@ def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callabl
         raise BadInput(f"refusing a run from a dirty kit checkout ({repo['root']}: {len(repo['status'])} changed paths, "
                        f"e.g. {shown}); commit them, or pass --allow-dirty for a development run (recorded in the manifest)")
 
+    files = vime_input_files(request) if request.arm.engine == "vime" else {}
     runtime = make_runtime(request.runtime, arm=request.arm, image=request.image, workspace=workspace, run_id=run_id,
-                           ray_address=request.ray_address, network=request.network, ray_head=request.ray_head)
+                           ray_address=request.ray_address, network=request.network, ray_head=request.ray_head,
+                           input_mounts=input_mounts(files) if files else None)
     started = time.monotonic()
     with _Signals() as signals:
         try:
@@ -311,12 +344,13 @@ def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callabl
                 return RunOutcome(run_id, None, "interrupted", message="interrupted during preflight; nothing was started")
             described = runtime.describe()
             run_dir = E.create_run_dir(workspace, run_id)
-            return _run_in_dir(request, plan, runtime, described, run_dir, repo, signals, started, progress, log)
+            return _run_in_dir(request, plan, runtime, described, run_dir, repo, signals, started, progress, log, files)
         finally:
             runtime.close()
 
 
-def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals, started, progress, log) -> RunOutcome:
+def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals, started, progress, log,
+                files: dict[str, Path]) -> RunOutcome:
     from kit.gates import GATE_SET_VERSION, RunEvidence, evaluate
     from kit.vime.records import parse_records
 
@@ -327,8 +361,11 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
     env_job = dict(plan["ray_job"]["runtime_env"]["env_vars"])
     env_host = dict(os.environ)
     redactor = Redactor.from_env(env_host, env_job)
-    inputs = smoke_inputs(arm_doc) if arm_doc["engine"] == "smoke" else \
-        {"prompt_data": None, "model": None, "checkpoint": None}
+    if arm_doc["engine"] == "smoke":
+        inputs = smoke_inputs(arm_doc)
+    else:
+        from kit.prepare import Workspace
+        inputs = file_inputs(files, Workspace(request.workspace.resolve()).hash_cache)
     manifest = build_manifest(plan=plan, arm=request.arm, described=described, argv=argv, env_job=env_job,
                               env_host=env_host, inputs=inputs, repository=repo, allow_dirty=request.allow_dirty,
                               runtime_kind=request.runtime)
@@ -426,6 +463,10 @@ def _read_readbacks(run_dir: Path) -> list[tuple[str, dict]]:
     return out
 
 
+def _inputs_given(request: RunRequest) -> bool:
+    return request.model is not None and request.checkpoint is not None
+
+
 def dry_run_document(request: RunRequest, plan: dict) -> dict:
     """What ``--dry-run`` prints: the plan and the manifest fields known before anything starts."""
     env_job = dict(plan["ray_job"]["runtime_env"]["env_vars"])
@@ -441,6 +482,8 @@ def dry_run_document(request: RunRequest, plan: dict) -> dict:
             "stack": {"name": request.arm.stack.name, "sha256": request.arm.stack.sha256},
             "commands": {"train": plan["command"]["argv"], "entrypoint_appended": plan["command"]["entrypoint_appended"]},
             "environment": {"job": redact_env(env_job)},
+            "input_mounts": (input_mounts(vime_input_files(request)) if request.arm.engine == "vime" and
+                             _inputs_given(request) else None),
             "determined_at_run_time": ["observed_identity", "image", "host", "gpus", "ray_cluster", "inputs",
                                        "repository", "created_at"],
         },

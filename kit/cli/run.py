@@ -26,6 +26,12 @@ def default_workspace() -> Path:
 @click.option("--ray-head", is_flag=True,
               help="local: run the smoke arm as a Ray job (driver, rollout and trainer actors) on a Ray head the kit "
                    "starts on this host and stops after the run.")
+@click.option("--model", type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="VIME arms: the Hugging Face checkpoint directory (mounted read-only, hashed per file).")
+@click.option("--checkpoint", type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="VIME arms: the torch_dist checkpoint (kit prepare --convert-checkpoint), mounted read-only.")
+@click.option("--prompt-data", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="VIME arms: the prompt JSONL (default: <workspace>/data/dapo-math-17k.jsonl from kit prepare).")
 @click.option("--network", metavar="NAME", help="docker: a named Docker network for the container (default bridge).")
 @click.option("--workspace", type=click.Path(path_type=Path, file_okay=False),
               help="Workspace root; runs go to <workspace>/runs/<run-id> (default $KIT_WORKSPACE, else ./.workspace).")
@@ -38,7 +44,7 @@ def default_workspace() -> Path:
 @click.option("--sign-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="ed25519 private key (PEM or 32 raw bytes) that signs the seal.")
 @click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/run-status/v1 document (dry run: rlk-kit/run-dry-run/v1); no progress.")
-def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, runtime, image, ray_address, ray_head, network,
+def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, runtime, image, ray_address, ray_head, model, checkpoint, prompt_data, network,
             workspace, run_id, rollouts, wait, dry_run, allow_dirty, sign_key, as_json):
     """Run an arm and seal its evidence: plan → preflight → start → stream → collect → validate → seal.
 
@@ -64,7 +70,7 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
     arm = select_arm(arm_ref, mode)
     request = RunRequest(arm=arm, workspace=workspace or default_workspace(),
                          overrides=TopologyOverrides(tp_size, cp_size, rollout_tp_size, rollout_cp_size),
-                         runtime=runtime or ("local" if arm.engine == "smoke" else "docker"), image=image, ray_address=ray_address, network=network, run_id=run_id, ray_head=ray_head,
+                         runtime=runtime or ("local" if arm.engine == "smoke" else "docker"), image=image, ray_address=ray_address, network=network, run_id=run_id, ray_head=ray_head, model=model, checkpoint=checkpoint, prompt_data=prompt_data,
                          rollouts=rollouts, detach=not wait, dry_run=dry_run, allow_dirty=allow_dirty, sign_key=sign_key)
     log = (lambda s: None) if as_json else (lambda s: click.echo(f"kit: {s}", err=True))
     outcome = execute(request, progress=None if as_json else sys.stderr, log=log)

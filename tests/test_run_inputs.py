@@ -1,0 +1,63 @@
+"""VIME arms read a model, a checkpoint and prompt data: named by flags or the workspace, checked before anything starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kit.catalog import Catalog
+from kit.errors import BadInput
+from kit.run import RunRequest, input_mounts, vime_input_files
+
+from conftest import run_kit
+
+
+@pytest.fixture()
+def inputs(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"w" * 64)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("release\n")
+    data = tmp_path / "ws" / "data" / "dapo-math-17k.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text('{"prompt":[]}\n')
+    return tmp_path
+
+
+def test_missing_model_is_named(inputs):
+    proc = run_kit("run", "--arm", "native", "--workspace", str(inputs / "ws"), "--allow-dirty",
+                   "--checkpoint", str(inputs / "ckpt"))
+    assert proc.returncode == 2
+    assert "--model DIR" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (inputs / "ws" / "runs").exists()
+
+
+def test_prompt_data_defaults_to_the_prepared_workspace_and_mounts_read_only(inputs):
+    arm = Catalog.default().arm("native")
+    request = RunRequest(arm=arm, workspace=inputs / "ws", runtime="docker", model=inputs / "model",
+                         checkpoint=inputs / "ckpt")
+    files = vime_input_files(request)
+    assert files["prompt_data"] == (inputs / "ws" / "data" / "dapo-math-17k.jsonl").resolve()
+    mounts = input_mounts(files)
+    assert mounts[str(files["model"])] == "/inputs/model"
+    assert mounts[str(files["checkpoint"])] == "/inputs/torch_dist"
+    assert mounts[str(files["prompt_data"])] == "/inputs/data/dapo-math-17k.jsonl"
+    # the train command reads exactly those in-image paths
+    plan = json.loads(run_kit("plan", "--arm", "native", "--json").stdout)
+    argv = plan["command"]["argv"]
+    assert argv[argv.index("--hf-checkpoint") + 1] == "/inputs/model"
+    assert argv[argv.index("--ref-load") + 1] == "/inputs/torch_dist"
+    assert argv[argv.index("--prompt-data") + 1] == "/inputs/data/dapo-math-17k.jsonl"
+    (inputs / "ws" / "data" / "dapo-math-17k.jsonl").unlink()
+    with pytest.raises(BadInput, match="--prompt-data FILE"):
+        vime_input_files(request)
+
+
+def test_dry_run_shows_the_mounts(inputs):
+    proc = run_kit("run", "--arm", "G10", "--dry-run", "--json", "--workspace", str(inputs / "ws"),
+                   "--model", str(inputs / "model"), "--checkpoint", str(inputs / "ckpt"))
+    assert proc.returncode == 0, proc.stderr
+    preview = json.loads(proc.stdout)["manifest_preview"]
+    assert sorted(preview["input_mounts"].values()) == ["/inputs/data/dapo-math-17k.jsonl", "/inputs/model", "/inputs/torch_dist"]
+    assert not (inputs / "ws" / "runs").exists()
