@@ -45,6 +45,7 @@ RANK_ENV = {
 }
 
 # Fixed dtype codes of the packed metadata (index in this tuple); names resolve lazily via torch.
+_ALIGN = 8   # every leaf starts on an 8-byte boundary, so received bytes view as any dtype without a copy
 _DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 
 
@@ -81,24 +82,38 @@ def _unflatten(spec, leaves):
     return kind(_unflatten(c, leaves) for c in children)
 
 
-def _pack(leaves: list, device):
-    """One uint8 buffer: int64 metadata [n, (dtype, ndim, *shape) per leaf] then each leaf's raw bytes."""
-    import torch
+def _align(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _layout(leaves: list) -> tuple[list[int], list[int]]:
+    """(int64 metadata [n, (dtype, ndim, *shape) per leaf], byte offset of each leaf after the header)."""
     meta = [len(leaves)]
-    chunks = []
     for leaf in leaves:
         name = str(leaf.dtype).removeprefix("torch.")
         if name not in _DTYPES:
             raise TypeError(f"gather_all: dtype {leaf.dtype} is not carried; accepted: {', '.join(_DTYPES)}")
         meta += [_DTYPES.index(name), leaf.dim(), *leaf.shape]
-        chunks.append(leaf.detach().to(device).contiguous().reshape(-1).view(torch.uint8))
-    header = torch.tensor(meta, dtype=torch.int64, device=device).view(torch.uint8)
-    return torch.cat([header, *chunks]) if chunks else header, len(meta)
+    offsets, cursor = [], len(meta) * 8
+    for leaf in leaves:
+        offsets.append(cursor)
+        cursor = _align(cursor + leaf.numel() * leaf.element_size())
+    return meta, offsets + [cursor]
+
+
+def _pack_into(buffer, leaves: list, meta: list[int], offsets: list[int]) -> None:
+    """Header then each leaf's raw bytes at its aligned offset, copied once into ``buffer`` (uint8)."""
+    import torch
+    buffer[:len(meta) * 8].copy_(torch.tensor(meta, dtype=torch.int64).view(torch.uint8))
+    for leaf, at in zip(leaves, offsets):
+        raw = leaf.detach().contiguous().reshape(-1).view(torch.uint8)
+        buffer[at:at + raw.numel()].copy_(raw)
 
 
 def _unpack(buffer, meta_len: int):
+    """Leaves as views of ``buffer`` (every offset is aligned, so the bytes reinterpret in place)."""
     import torch
-    meta = buffer[:meta_len * 8].clone().view(torch.int64).tolist()
+    meta = buffer[:meta_len * 8].view(torch.int64).tolist()
     offset, cursor, leaves = meta_len * 8, 1, []
     for _ in range(meta[0]):
         dtype = getattr(torch, _DTYPES[meta[cursor]])
@@ -109,9 +124,8 @@ def _unpack(buffer, meta_len: int):
         for n in shape:
             count *= n
         size = count * torch.empty((), dtype=dtype).element_size()
-        # clone: a fresh, aligned allocation, so the byte view can be reinterpreted as the dtype
-        leaves.append(buffer[offset:offset + size].clone().view(dtype).view(shape))
-        offset += size
+        leaves.append(buffer[offset:offset + size].view(dtype).view(shape))
+        offset = _align(offset + size)
     return leaves
 
 
@@ -143,16 +157,16 @@ class TorchDistGroup:
             raise ValueError(f"rank {self.rank} of {self.size}: expected a value for rank {self.rank} only, got {sorted(local)}")
         leaves: list = []
         spec = _flatten(local[self.rank], leaves)
-        buffer, meta_len = _pack(leaves, self.device)
-        sizes = torch.tensor([meta_len, buffer.numel()], dtype=torch.int64, device=self.device)
+        meta, offsets = _layout(leaves)
+        sizes = torch.tensor([len(meta), offsets[-1]], dtype=torch.int64, device=self.device)
         all_sizes = [torch.empty_like(sizes) for _ in self.ranks]
         dist.all_gather(all_sizes, sizes, group=self.process_group)
         all_sizes = [s.tolist() for s in all_sizes]
-        longest = max(n for _, n in all_sizes)
-        padded = torch.zeros(longest, dtype=torch.uint8, device=self.device)
-        padded[:buffer.numel()] = buffer
-        received = [torch.empty_like(padded) for _ in self.ranks]
-        dist.all_gather(received, padded, group=self.process_group)
+        # all_gather needs equal sizes: pad to the longest; the padding bytes are never read
+        buffer = torch.empty(max(n for _, n in all_sizes), dtype=torch.uint8, device=self.device)
+        _pack_into(buffer, leaves, meta, offsets[:-1])
+        received = [torch.empty_like(buffer) for _ in self.ranks]
+        dist.all_gather(received, buffer, group=self.process_group)
         out = []
         for r, ((m, n), data) in enumerate(zip(all_sizes, received)):
             out.append(local[self.rank] if r == self.rank else _unflatten(spec, iter(_unpack(data[:n], m))))
