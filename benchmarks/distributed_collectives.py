@@ -35,7 +35,6 @@ METHODS = ("all_reduce", "gather+tree", "group")
 def _rank_bench(ctx, payload):
     import torch
     import torch.distributed as dist
-
     from rlk_kernels.collectives import all_reduce_fixed_tree
     from rlk_kernels.distributed import require_rank_env
     from rlk_kernels.primitives import tree_reduce
@@ -103,8 +102,9 @@ def measure(backend: str, world: int, sizes: list[int], repeats: int) -> tuple[l
 def format_rows(backend: str, world: int, rows: list[dict], repeats: int, threads: str) -> str:
     import torch
 
-    lines = [f"fixed-order all-reduce vs backend all_reduce: backend={backend} world={world} fp32, "
-             f"{platform.machine()}, torch {torch.__version__}, {threads}, median of {repeats} (slowest rank)"]
+    title = (f"fixed-order all-reduce vs backend all_reduce: backend={backend} world={world} fp32, "
+             f"{platform.machine()}, torch {torch.__version__}, {threads}, median of {repeats} (slowest rank)")
+    lines = [title]
     header = (f"{'elements':>10} {'all_reduce':>12} {'gather+tree':>12} {'group':>12} "
               f"{'ratio g+t':>9} {'ratio group':>11}  {'tree same on ranks':<18} {'all_reduce != tree':>18}")
     lines += [header, "-" * len(header)]

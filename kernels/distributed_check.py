@@ -73,7 +73,6 @@ def _groups_resolver(groups: dict):
 def _train_spmd(ctx, module, impl, inp, cfg, layout: TrainLayout, groups):
     """This rank's part of a training variant, gathered over CP into the full [B, L(, H)] output."""
     import torch
-
     from rlk_kernels import ops
     from rlk_kernels.collectives import use_groups
     from rlk_kernels.layouts import zigzag_positions
@@ -112,9 +111,18 @@ def _rollout_spmd(module, impl, inp, spec, layout: RolloutLayout, tp_group):
 def _rank_target(ctx, payload):
     """Runs in every rank: all modules x impls x variants; returns hashes, P mismatches (rank 0), timings."""
     import torch
-
-    from rlk_kernels.conformance import MODULES, _compare, _Inputs, _run_variant, check_shape
-    from rlk_kernels.distributed import require_rank_env, rollout_rank_sets, train_rank_sets
+    from rlk_kernels.conformance import (
+        MODULES,
+        _compare,
+        _Inputs,
+        _run_variant,
+        check_shape,
+    )
+    from rlk_kernels.distributed import (
+        require_rank_env,
+        rollout_rank_sets,
+        train_rank_sets,
+    )
 
     require_rank_env()
     started = time.perf_counter()
@@ -166,8 +174,14 @@ def virtual_hashes(shape: str, device: str, world: int, threads: int | None = No
     strict TP1/CP1 reference, so the two commands print the same value for the same shape.
     """
     import torch
-
-    from rlk_kernels.conformance import INPUT_SEED, MODULES, _bytes, _Inputs, _run_variant, check_shape
+    from rlk_kernels.conformance import (
+        INPUT_SEED,
+        MODULES,
+        _bytes,
+        _Inputs,
+        _run_variant,
+        check_shape,
+    )
     from rlk_kernels.conformance import SCHEMA as CONFORMANCE_SCHEMA
 
     started = time.perf_counter()
@@ -228,7 +242,6 @@ def verdict(world: int, ranks: list, virtual: dict, refs: dict) -> list[dict]:
 def run_distributed(*, backend: str = "gloo", world: int = 2, shape: str = "smoke", threads: int | None = None) -> dict:
     """Run every layout of ``world`` as real ranks; returns the ``rlk-kit/distributed-check/v1`` document."""
     import torch
-
     from rlk_kernels.conformance import check_shape
     from rlk_kernels.distributed import RANK_ENV, launch
 
@@ -264,8 +277,9 @@ def run_distributed(*, backend: str = "gloo", world: int = 2, shape: str = "smok
 
 
 def format_table(report: dict) -> str:
-    lines = [f"strict kernels over real ranks: backend={report['backend']} world={report['world']} "
-             f"shape={report['shape']} device={report['device']} torch={report['torch']}"]
+    title = (f"strict kernels over real ranks: backend={report['backend']} world={report['world']} "
+             f"shape={report['shape']} device={report['device']} torch={report['torch']}")
+    lines = [title]
     lines += [f"  reduced: {k}: {v}" for k, v in report["reductions"].items()]
     lines.append("  rank env: " + ", ".join(f"{k}={'/'.join(map(str, v))}" for k, v in report["rank_env"].items()))
     header = (f"{'module':<10} {'variant':<28} {'R ranks':<8} {'R=virt':<7} {'R=TP1/CP1':<10} "
