@@ -128,8 +128,10 @@ def main() -> None:
     args = parser.parse_args()
     blocks = []
     for world in args.world or [2]:
+        load = os.getloadavg()[0]
         rows, _ = measure(args.backend, world, args.sizes, args.repeats)
         threads = "GPU per rank" if args.backend == "nccl" else f"{max(1, (os.cpu_count() or 1) // world)} CPU thread(s) per rank on {os.cpu_count()} cores"
+        threads += f", 1-min load {load:.2f} before the run"
         blocks.append(format_rows(args.backend, world, rows, args.repeats, threads))
         print(blocks[-1], flush=True)
     if args.out:
