@@ -86,14 +86,16 @@ class _Inputs:
         import torch
         cfg = shape.config
         gen = torch.Generator().manual_seed(INPUT_SEED)
+        # on CUDA the operators run as the model does: bf16 tensors, fp32 accumulation inside the kernels
+        dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
         self.batch = max(shape.batch_sizes)
-        self.hidden = torch.randn(self.batch, shape.seq_len, cfg.hidden, generator=gen).to(device)
+        self.hidden = torch.randn(self.batch, shape.seq_len, cfg.hidden, generator=gen).to(device, dtype)
         self.targets = torch.randint(0, cfg.vocab, (self.batch, shape.seq_len), generator=gen).to(device)
         self.subsets = {n: torch.randperm(self.batch, generator=gen)[:n].sort().values.to(device) for n in shape.batch_sizes}
         weights = init_weights(cfg, INPUT_SEED, layers=1)
-        self.weights = {k: v.to(device) for k, v in weights.items()}
+        self.weights = {k: v.to(device, dtype) for k, v in weights.items()}
         self.layer = layer_weights(self.weights, 0)
-        self.rope = tuple(t.to(device) for t in rope_table(cfg, shape.seq_len))
+        self.rope = tuple(t.to(device, dtype) for t in rope_table(cfg, shape.seq_len))
 
 
 # --- one module under one variant ---------------------------------------------------------------------
@@ -191,7 +193,7 @@ def run_check(*, device: str = "cpu", shape: str = "smoke") -> dict:
                 rows.append(result)
             modules.append({
                 "module": module,
-                "strict_backend": ops.BACKEND_IDS[(module, "R")],
+                "strict_backend": ops.strict_backend_id(module, device),
                 "production_backend": ops.BACKEND_IDS[(module, "P")],
                 "strict_invariant": all(r["strict_bytes_equal"] for r in rows),
                 "production_mismatched_variants": sum(1 for r in rows if r["production_mismatches"]),

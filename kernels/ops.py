@@ -59,7 +59,23 @@ def _production_rms_norm(x, weight, eps):
 
 
 def _norm(impl, x, weight, eps):
+    if impl == "R" and _gpu(x):
+        from rlk_kernels.gpu.triton_pointwise import rms_norm
+        return rms_norm(x, weight, eps)
     return pr.rms_norm(x, weight, eps) if impl == "R" else _production_rms_norm(x, weight, eps)
+
+
+def _gpu(tensor) -> bool:
+    """CUDA tensors take the Triton kernels of :mod:`rlk_kernels.gpu` (the CPU code is their reference)."""
+    from rlk_kernels.gpu import use_gpu_path
+    return use_gpu_path(tensor)
+
+
+def strict_backend_id(module: str, device: str) -> str:
+    """The strict backend's id; on CUDA the Triton kernels run (suffix ``+triton``)."""
+    import torch
+    base = BACKEND_IDS[(module, "R")]
+    return base + "+triton" if device == "cuda" and _gpu(torch.empty(0, device=device)) else base
 
 
 # --- strict building blocks (the GPU-twin boundary) -------------------------------------------------
@@ -68,7 +84,24 @@ def strict_linear_rows(x, w_shards, device: str | None = None):
     """Per-virtual-shard products ``x @ w_shards[s]`` -> [S, M, N], row-invariant; ``x`` [M, K] or [S, M, K]."""
     if device is not None:
         x, w_shards = x.to(device), w_shards.to(device)
+    if _gpu(x):
+        from rlk_kernels.gpu.triton_gemm import shard_matmul
+        return shard_matmul(x, w_shards)
     return pr.tiled_matmul_shards(x, w_shards)
+
+
+def strict_linear_tree(x, w_shards, device: str | None = None):
+    """Row-parallel product reduced over the given (aligned, power-of-two) shards in the fixed tree: [1, M, N].
+
+    The sub-tree of a rank's shards; :func:`strict_linear_reduce` over the ranks completes the same
+    tree as over all shards at once.
+    """
+    if device is not None:
+        x, w_shards = x.to(device), w_shards.to(device)
+    if _gpu(x):
+        from rlk_kernels.gpu.triton_gemm import shard_matmul_tree
+        return shard_matmul_tree(x, w_shards).unsqueeze(0)
+    return pr.tree_reduce(pr.tiled_matmul_shards(x, w_shards).unbind(0)).unsqueeze(0)
 
 
 def strict_linear_reduce(group, partials_by_rank: dict):
@@ -89,6 +122,9 @@ def strict_attention(q, k, v, q_pos, *, block: int = ATTENTION_KV_BLOCK, device:
 
     if device is not None:
         q, k, v, q_pos = q.to(device), k.to(device), v.to(device), q_pos.to(device)
+    if _gpu(q):
+        from rlk_kernels.gpu.triton_attention import attention
+        return attention(q, k, v, q_pos)
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=1)
@@ -142,6 +178,12 @@ def strict_logp(h, lm_shards, targets, *, vocab: int, temperature: float = 1.0, 
         h, lm_shards, targets = h.to(device), lm_shards.to(device), targets.to(device)
     canonical, _, width = lm_shards.shape
     group = group_for("tp", tp)
+    from rlk_kernels.collectives import VirtualGroup
+    if _gpu(h) and not want_logits and isinstance(group, VirtualGroup):
+        # every rank is emulated here: each fills its shards' summaries into one buffer in global order
+        from rlk_kernels.gpu.triton_logp import logp
+        return logp(h, lm_shards, targets, vocab=vocab, temperature=temperature,
+                    ranks=[virtual_shards(r, tp, canonical) for r in group.local_ranks()])
     summaries = {}
     logit_parts = {}
     for rank in group.local_ranks():
@@ -232,7 +274,7 @@ def o_projection(impl, w, cfg, attn, tp):
         if impl == "R":
             xs = attn.reshape(rows, c, per * cfg.head_dim)[:, shards.start:shards.stop].transpose(0, 1)
             ws = w["wo"].view(cfg.hidden, c, per * cfg.head_dim)[:, shards.start:shards.stop].permute(1, 2, 0)
-            local[rank] = strict_linear_rows(xs, ws)
+            local[rank] = strict_linear_tree(xs, ws)
         else:
             heads = slice(shards.start * per, shards.stop * per)
             xr = attn[:, heads].reshape(rows, -1)
@@ -396,8 +438,12 @@ def ffn_module(impl, w, cfg, x, tp):
         shards = virtual_shards(rank, tp, c)
         if impl == "R":
             gu = strict_linear_rows(normed, gate_up[shards.start:shards.stop])          # [S, M, 2*per]
-            act = pr.silu(gu[..., :per]) * gu[..., per:]
-            local[rank] = strict_linear_rows(act, down[shards.start:shards.stop])
+            if _gpu(gu):
+                from rlk_kernels.gpu.triton_pointwise import swiglu
+                act = swiglu(gu, per)
+            else:
+                act = pr.silu(gu[..., :per]) * gu[..., per:]
+            local[rank] = strict_linear_tree(act, down[shards.start:shards.stop])
         else:
             gw = w["w_gate"][shards.start * per:shards.stop * per]
             uw = w["w_up"][shards.start * per:shards.stop * per]

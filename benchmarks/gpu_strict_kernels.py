@@ -1,0 +1,421 @@
+"""Strict (R) against production (P) operators on one CUDA GPU at Qwen3-8B shapes.
+
+One run does three things and writes one JSON document:
+
+1. the conformance oracle ``run_check(device="cuda", shape="qwen3-8b")`` (the Triton path);
+2. invariance at the benchmark's sizes: GEMM / tree / logp rows against an 8192-row call, attention
+   prefill of 7168 tokens against decode steps (batch 1 and 64), and a whole R decoder layer's
+   prefill rows against decode steps on the prefill's KV cache;
+3. throughput of R against P per module (attention, ffn, logp) and for a decoder layer, prefill
+   (one sequence of 4096 / 8192 tokens: training-side logp recompute) and decode (batch 1, 4, 8, 64
+   with 2048 / 7168 cached tokens), both captured in CUDA graphs and timed alternately in one run.
+   The printed ratio is R throughput / P throughput (= P time / R time).
+
+P: cuBLAS GEMMs over the whole row block (TP1), SDPA (flash) causal prefill / cached decode, torch
+RMSNorm and SiLU, logits materialised then logsumexp. R: the kernels of ``rlk_kernels.gpu``.
+
+Usage (the package need not be installed; ``kernels/`` is registered as ``rlk_kernels``)::
+
+    python benchmarks/gpu_strict_kernels.py --out results.json [--skip-check] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _bootstrap():
+    try:
+        import rlk_kernels  # noqa: F401
+        return
+    except ImportError:
+        pass
+    spec = importlib.util.spec_from_file_location("rlk_kernels", ROOT / "kernels" / "__init__.py",
+                                                  submodule_search_locations=[str(ROOT / "kernels")])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["rlk_kernels"] = module
+    spec.loader.exec_module(module)
+
+
+# --- the layer, R and P ------------------------------------------------------------------------------
+
+class Layer:
+    """One Qwen3-8B decoder layer's weights (bf16, seeded) in the layouts R and P read."""
+
+    def __init__(self, cfg, seed=1):
+        import torch
+        from rlk_kernels.model import init_weights, layer_weights, rope_table
+        small = type(cfg)(**{**cfg.to_json(), "layers": 1})
+        w = init_weights(small, seed, layers=1, dtype=torch.bfloat16)
+        lw = {k: v.cuda() for k, v in layer_weights(w, 0).items()}
+        self.cfg = cfg
+        c, d, h = cfg.canonical_tp, cfg.head_dim, cfg.hidden
+        nq, nk = cfg.heads // c * d, cfg.query_groups // c * d
+        self.w = lw
+        # R: per-shard [S, N, K] storage, used as [S, K, N] views (K contiguous, as P's F.linear weights)
+        qkv = torch.cat([lw["wq"].view(c, nq, h), lw["wk"].view(c, nk, h), lw["wv"].view(c, nk, h)], 1)
+        self.r_qkv = qkv.contiguous().transpose(1, 2)
+        per = cfg.ffn_hidden // c
+        gu = torch.cat([lw["w_gate"].view(c, per, h), lw["w_up"].view(c, per, h)], 1)
+        self.r_gu = gu.contiguous().transpose(1, 2)
+        self.r_o = lw["wo"].view(h, c, nq).permute(1, 2, 0)                    # [S, K/S, H] view
+        self.r_down = lw["w_down"].view(h, c, per).permute(1, 2, 0)
+        # P: whole matrices, heads in the same global order
+        self.p_qkv = torch.cat([lw["wq"], lw["wk"], lw["wv"]], 0)
+        self.p_gu = torch.cat([lw["w_gate"], lw["w_up"]], 0)
+        self.final_norm = w["final_norm"].cuda()
+        self.lm = w["lm_head"].cuda()
+        self.r_lm = self.lm.view(c, cfg.padded_vocab // c, h).transpose(1, 2)
+        cos, sin = rope_table(cfg, 8192 + 64)
+        self.cos, self.sin = cos.cuda().to(torch.bfloat16), sin.cuda().to(torch.bfloat16)
+        self.nq, self.nk, self.per = nq, nk, per
+
+
+def _rope(x, pos, layer):
+    import torch
+    c, s = layer.cos[pos], layer.sin[pos]                      # [B, L, D/2]
+    c, s = c.unsqueeze(1), s.unsqueeze(1)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+def _p_norm(x, w, eps):
+    import torch
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def attention(impl, L, x, pos, kcache, vcache):
+    """x [B, T, H] at positions pos [B, T]; writes K/V at pos into the caches [B, Hkv, cap, D];
+    attends keys 0..pos. Returns [B, T, H] (bf16)."""
+    import torch
+    import torch.nn.functional as F
+    from rlk_kernels.gpu import triton_attention, triton_gemm, triton_pointwise
+    cfg = L.cfg
+    b, t, h = x.shape
+    c, d = cfg.canonical_tp, cfg.head_dim
+    rows = x.reshape(b * t, h)
+    if impl == "R":
+        n = triton_pointwise.rms_norm(rows, L.w["input_norm"], cfg.norm_eps)
+        out = triton_gemm.shard_matmul(n, L.r_qkv)                             # [S, M, nq+2nk]
+        q = out[..., :L.nq].reshape(c, b * t, -1, d).permute(1, 0, 2, 3).reshape(b, t, cfg.heads, d)
+        k = out[..., L.nq:L.nq + L.nk].reshape(c, b * t, -1, d).permute(1, 0, 2, 3).reshape(b, t, cfg.query_groups, d)
+        v = out[..., L.nq + L.nk:].reshape(c, b * t, -1, d).permute(1, 0, 2, 3).reshape(b, t, cfg.query_groups, d)
+        q = triton_pointwise.rms_norm(q, L.w["q_norm"], cfg.norm_eps)
+        k = triton_pointwise.rms_norm(k, L.w["k_norm"], cfg.norm_eps)
+    else:
+        qkv = F.linear(_p_norm(rows, L.w["input_norm"], cfg.norm_eps), L.p_qkv)
+        q = qkv[:, :cfg.heads * d].view(b, t, cfg.heads, d)
+        k = qkv[:, cfg.heads * d:(cfg.heads + cfg.query_groups) * d].view(b, t, cfg.query_groups, d)
+        v = qkv[:, (cfg.heads + cfg.query_groups) * d:].view(b, t, cfg.query_groups, d)
+        q = _p_norm(q, L.w["q_norm"], cfg.norm_eps)
+        k = _p_norm(k, L.w["k_norm"], cfg.norm_eps)
+    q = _rope(q.transpose(1, 2), pos, L)
+    k = _rope(k.transpose(1, 2), pos, L)
+    v = v.transpose(1, 2)
+    if t == kcache.shape[2]:                                   # prefill from position 0: the cache is this
+        kc, vc = k, v
+    else:
+        start = kcache.shape[2] - t                           # decode appends at the cache's end
+        kcache[:, :, start:] = k
+        vcache[:, :, start:] = v
+        kc, vc = kcache, vcache
+    if impl == "R":
+        core = triton_attention.attention(q * (d ** -0.5), kc, vc, pos)
+        attn = core.transpose(1, 2).reshape(b * t, c, L.nq).transpose(0, 1)    # [S, M, K/S] view
+        o = triton_gemm.shard_matmul_tree(attn, L.r_o).to(torch.bfloat16)
+    else:
+        causal = t > 1
+        core = F.scaled_dot_product_attention(q, kc, vc, is_causal=causal, enable_gqa=True)
+        o = F.linear(core.transpose(1, 2).reshape(b * t, -1), L.w["wo"])
+    return o.view(b, t, h)
+
+
+def ffn(impl, L, x):
+    import torch
+    import torch.nn.functional as F
+    from rlk_kernels.gpu import triton_gemm, triton_pointwise
+    cfg = L.cfg
+    shape = x.shape
+    rows = x.reshape(-1, cfg.hidden)
+    if impl == "R":
+        n = triton_pointwise.rms_norm(rows, L.w["post_norm"], cfg.norm_eps)
+        gu = triton_gemm.shard_matmul(n, L.r_gu)
+        act = triton_pointwise.swiglu(gu, L.per)
+        out = triton_gemm.shard_matmul_tree(act, L.r_down).to(torch.bfloat16)
+    else:
+        gu = F.linear(_p_norm(rows, L.w["post_norm"], cfg.norm_eps), L.p_gu)
+        g, u = gu.chunk(2, dim=-1)
+        out = F.linear(F.silu(g) * u, L.w["w_down"])
+    return out.view(shape)
+
+
+def logp(impl, L, x, targets):
+    import torch
+    import torch.nn.functional as F
+    from rlk_kernels.gpu import triton_logp, triton_pointwise
+    cfg = L.cfg
+    rows = x.reshape(-1, cfg.hidden)
+    if impl == "R":
+        n = triton_pointwise.rms_norm(rows, L.final_norm, cfg.norm_eps)
+        return triton_logp.logp(n, L.r_lm, targets, vocab=cfg.vocab)
+    logits = F.linear(_p_norm(rows, L.final_norm, cfg.norm_eps), L.lm)[:, :cfg.vocab].float()
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+def layer(impl, L, x, pos, kcache, vcache):
+    h = x + attention(impl, L, x, pos, kcache, vcache)
+    return h + ffn(impl, L, h)
+
+
+# --- timing ------------------------------------------------------------------------------------------
+
+def _graph(fn):
+    import torch
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _time(run, reps):
+    import torch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    run()
+    start.record()
+    for _ in range(reps):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps * 1e3                  # microseconds
+
+
+def side_by_side(fn_r, fn_p, reps, trials=5):
+    runs = {}
+    for name, fn in (("R", fn_r), ("P", fn_p)):
+        try:
+            runs[name] = _graph(fn)
+        except Exception as exc:                                 # eager fallback, recorded
+            print(f"  graph capture failed for {name}: {exc!r}; timing eagerly")
+            runs[name] = fn
+    times = {"R": [], "P": []}
+    for _ in range(trials):                                      # alternate R and P
+        for name in ("R", "P"):
+            times[name].append(_time(runs[name], reps))
+    r, p = statistics.median(times["R"]), statistics.median(times["P"])
+    return {"r_us": round(r, 2), "p_us": round(p, 2), "ratio": round(p / r, 3)}
+
+
+# --- invariance at the benchmark's sizes -----------------------------------------------------------
+
+def _same(a, b) -> bool:
+    import torch
+    return bool(torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8)))
+
+
+def invariance_at_scale(L):
+    import torch
+    from rlk_kernels.gpu import triton_attention, triton_gemm, triton_logp
+    cfg = L.cfg
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    results = {}
+    x = torch.randn(8192, cfg.hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    targets = torch.randint(0, cfg.vocab, (8192,), device="cuda", generator=gen)
+    full_col = triton_gemm.shard_matmul(x, L.r_gu)
+    act = torch.randn(8, 8192, L.per, device="cuda", generator=gen).to(torch.bfloat16)
+    full_tree = triton_gemm.shard_matmul_tree(act, L.r_down)
+    full_logp = triton_logp.logp(x, L.r_lm, targets, vocab=cfg.vocab)
+    ok = {"gemm_columns": True, "gemm_tree": True, "logp": True}
+    for rows in (1, 3, 17, 64, 65, 256, 257, 1000, 4096):
+        ok["gemm_columns"] &= _same(triton_gemm.shard_matmul(x[:rows], L.r_gu), full_col[:, :rows])
+        ok["gemm_tree"] &= _same(triton_gemm.shard_matmul_tree(act[:, :rows], L.r_down), full_tree[:rows])
+        ok["logp"] &= _same(triton_logp.logp(x[:rows], L.r_lm, targets[:rows], vocab=cfg.vocab), full_logp[:rows])
+    ok["logp_tp_ranks"] = all(
+        _same(triton_logp.logp(x[:300], L.r_lm, targets[:300], vocab=cfg.vocab,
+                               ranks=[range(r * 8 // tp, (r + 1) * 8 // tp) for r in range(tp)]), full_logp[:300])
+        for tp in (2, 4, 8))
+    results["rows_1_to_4096_vs_8192"] = ok
+    # attention: prefill of 7168 tokens vs decode steps (batch 1 and 64) over the same keys
+    length = 7168
+    q = (torch.randn(64, cfg.heads, 1, cfg.head_dim, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
+    kv = torch.randn(2, 64, cfg.query_groups, length, cfg.head_dim, device="cuda", generator=gen).to(torch.bfloat16)
+    qs = torch.randn(1, cfg.heads, length, cfg.head_dim, device="cuda", generator=gen).to(torch.bfloat16) * 0.1
+    pos_all = torch.arange(length, device="cuda").view(1, -1)
+    pre = triton_attention.attention(qs, kv[0, :1], kv[1, :1], pos_all)
+    att_ok = True
+    for p in (0, 255, 256, 2047, 4095, 7167):
+        one = triton_attention.attention(qs[:, :, p:p + 1], kv[0, :1, :, :p + 1], kv[1, :1, :, :p + 1], pos_all[:, p:p + 1])
+        att_ok &= _same(one[:, :, 0], pre[:, :, p])
+        batch_q = q.clone()
+        batch_q[0] = qs[0, :, p:p + 1]
+        many = triton_attention.attention(batch_q, kv[0], kv[1], torch.full((64, 1), p, device="cuda"))
+        kv0 = kv[:, :1].clone()
+        many_ref = triton_attention.attention(qs[:, :, p:p + 1], kv0[0], kv0[1], torch.full((1, 1), p, device="cuda"))
+        att_ok &= _same(many[0], many_ref[0]) and _same(many_ref[:, :, 0], pre[:, :, p])
+    results["attention_prefill_7168_vs_decode_batch_1_64"] = att_ok
+    # whole R layer: prefill rows vs decode steps on the prefill's cache (batch 1, and batch 8 replicas)
+    xs = torch.randn(1, length, cfg.hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    kc = torch.zeros(1, cfg.query_groups, length, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    pre_out = layer("R", L, xs, pos_all, kc, vc)
+    # the prefill's K/V, rebuilt into a cache (same kernels, same rows)
+    layer_ok = True
+    for p in (2048, 7167):
+        kc2 = torch.zeros(8, cfg.query_groups, p + 1, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+        vc2 = torch.zeros_like(kc2)
+        prefix = layer_prefix_cache(L, xs[:, :p])
+        kc2[:, :, :p] = prefix[0]
+        vc2[:, :, :p] = prefix[1]
+        step = layer("R", L, xs[:, p:p + 1].expand(8, 1, -1).contiguous(), torch.full((8, 1), p, device="cuda"), kc2, vc2)
+        layer_ok &= all(_same(step[i, 0], pre_out[0, p]) for i in range(8))
+    results["decoder_layer_prefill_7168_vs_decode_batch_8"] = layer_ok
+    return results
+
+
+def layer_prefix_cache(L, xs):
+    """K/V of the prefix ``xs`` [1, p, H] as R's prefill computes them."""
+    import torch
+    p = xs.shape[1]
+    kc = torch.zeros(1, L.cfg.query_groups, p, L.cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    captured = {}
+    from rlk_kernels.gpu import triton_attention
+    original = triton_attention.attention
+
+    def spy(q, k, v, q_pos, **kw):
+        captured["k"], captured["v"] = k, v
+        return original(q, k, v, q_pos, **kw)
+
+    triton_attention.attention = spy
+    try:
+        attention("R", L, xs, torch.arange(p, device="cuda").view(1, -1), kc, vc)
+    finally:
+        triton_attention.attention = original
+    return captured["k"], captured["v"]
+
+
+# --- throughput --------------------------------------------------------------------------------------
+
+def throughput(L, quick=False):
+    import torch
+    cfg = L.cfg
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    rows = []
+    prefill = (4096,) if quick else (4096, 8192)
+    for tokens in prefill:
+        x = torch.randn(1, tokens, cfg.hidden, device="cuda", generator=gen).to(torch.bfloat16)
+        pos = torch.arange(tokens, device="cuda").view(1, -1)
+        targets = torch.randint(0, cfg.vocab, (tokens,), device="cuda", generator=gen)
+        kc = torch.empty(1, cfg.query_groups, tokens, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+        vc = torch.empty_like(kc)
+        reps = 5
+        for module, fns in {
+            "attention": lambda i: attention(i, L, x, pos, kc, vc),
+            "ffn": lambda i: ffn(i, L, x),
+            "logp": lambda i: logp(i, L, x, targets),
+            "layer": lambda i: layer(i, L, x, pos, kc, vc),
+        }.items():
+            res = side_by_side(lambda: fns("R"), lambda: fns("P"), reps)
+            rows.append({"phase": "prefill", "tokens": tokens, "module": module, **res})
+            print(f"prefill {tokens:>5} tok   {module:<9} R {res['r_us']:>9.1f} us  P {res['p_us']:>9.1f} us  R/P {res['ratio']:.3f}", flush=True)
+            torch.cuda.empty_cache()
+    for ctx in ((2048,) if quick else (2048, 7168)):
+        for batch in (1, 4, 8, 64):
+            x = torch.randn(batch, 1, cfg.hidden, device="cuda", generator=gen).to(torch.bfloat16)
+            pos = torch.full((batch, 1), ctx, device="cuda")
+            targets = torch.randint(0, cfg.vocab, (batch,), device="cuda", generator=gen)
+            kc = torch.randn(batch, cfg.query_groups, ctx + 1, cfg.head_dim, device="cuda", generator=gen).to(torch.bfloat16)
+            vc = torch.randn_like(kc)
+            reps = 50
+            for module, fns in {
+                "attention": lambda i: attention(i, L, x, pos, kc, vc),
+                "ffn": lambda i: ffn(i, L, x),
+                "logp": lambda i: logp(i, L, x, targets),
+                "layer": lambda i: layer(i, L, x, pos, kc, vc),
+            }.items():
+                res = side_by_side(lambda: fns("R"), lambda: fns("P"), reps)
+                rows.append({"phase": "decode", "batch": batch, "kv_cache": ctx, "module": module, **res})
+                print(f"decode b{batch:<3} kv{ctx:<5} {module:<9} R {res['r_us']:>9.1f} us  P {res['p_us']:>9.1f} us  R/P {res['ratio']:.3f}", flush=True)
+            torch.cuda.empty_cache()
+    return rows
+
+
+def environment():
+    import torch
+    import triton
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.strip()
+    except Exception:
+        driver = "unknown"
+    return {"gpu": torch.cuda.get_device_name(0), "driver": driver, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "triton": triton.__version__, "python": platform.python_version()}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    _bootstrap()
+    import torch
+    from rlk_kernels.model import ModelConfig
+    doc = {"schema": "rlk-kit/bench-gpu-strict-kernels/v1", "environment": environment()}
+    print(json.dumps(doc["environment"]), flush=True)
+    out = pathlib.Path(args.out)
+
+    def save():
+        out.write_text(json.dumps(doc, indent=2, sort_keys=True))
+
+    def section(name, fn):
+        started = time.perf_counter()
+        try:
+            doc[name] = fn()
+        except Exception as exc:                                 # keep what the other sections measured
+            import traceback
+            traceback.print_exc()
+            doc[name] = {"error": repr(exc)}
+        doc[name + "_s"] = round(time.perf_counter() - started, 1)
+        save()
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        L = Layer(ModelConfig.qwen3_8b())
+        section("invariance_at_scale", lambda: invariance_at_scale(L))
+        print(json.dumps(doc["invariance_at_scale"], indent=1), flush=True)
+        section("throughput", lambda: throughput(L, quick=args.quick))
+        doc["goals"] = {"prefill": 0.85, "decode": 0.95,
+                        "anchors": {"thinking_machines_batch_invariant_vllm": 0.62, "sglang_deterministic": 0.75}}
+        del L
+        torch.cuda.empty_cache()
+    if not args.skip_check:
+        from rlk_kernels.conformance import format_table, run_check
+
+        def check():
+            report = run_check(device="cuda", shape="qwen3-8b")
+            print(format_table(report), flush=True)
+            return report
+        section("conformance", check)
+    save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Strict GEMMs: per-virtual-shard products and row-parallel products reduced in the fixed shard tree.
+
+Two launch configurations share the per-row arithmetic: a row's output element is the chain of
+``BK``-wide MMA steps over K from 0 upward into one fp32 accumulator, in the same MMA row block
+(a warp group's 64 rows) whatever the launch. The small configuration (few rows: decode) uses
+narrow column tiles so that there are enough programs to stream the weights; the large one
+(prefill) uses wide tiles. Neither splits K by row count; the only split of K is the canonical
+partition into virtual shards, the same for every call.
+
+- :func:`shard_matmul` — ``x @ w[s]`` for every shard s: [S, M, N] (column-parallel projections,
+  and the per-shard partials of a row-parallel one).
+- :func:`shard_matmul_tree` — ``tree_s(x[s] @ w[s])``: the row-parallel projection reduced over
+  its (power-of-two, aligned) shards in the fixed pairwise tree. Large row counts run one fused
+  kernel that keeps two accumulators in registers and the upper tree levels in an fp32 scratch
+  tile; small row counts write the fp32 partials and add them level by level. Both add the same
+  fp32 values in the same tree, so the bits are the same.
+
+Example (``TRITON_INTERPRET=1`` on a CPU)::
+
+    >>> import torch
+    >>> x, w = torch.randn(3, 32), torch.randn(2, 32, 16)
+    >>> out = shard_matmul(x, w)                         # doctest: +SKIP
+    >>> torch.allclose(out, torch.einsum("mk,skn->smn", x, w), atol=1e-2)   # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from rlk_kernels.gpu.common import interpreting, mma
+
+# (BM, BN, BK, warps, stages): the per-row MMA chain is the same in both (K steps, 64-row warp groups)
+SMALL = (64, 64, 128, 4, 4)
+LARGE = (128, 256, 64, 8, 3)
+LARGE_TREE = (128, 128, 64, 8, 3)      # two fp32 accumulators must fit in registers
+SMALL_ROWS = 256                       # up to this many rows: the small configuration
+
+
+def _config(rows: int, tree: bool = False):
+    if rows <= SMALL_ROWS:
+        return SMALL
+    return LARGE_TREE if tree else LARGE
+
+
+@triton.jit
+def tile_dot(x_ptr, w_ptr, rows, cols, M, N, K, sxm, sxk, swk, swn,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    ks = tl.arange(0, BK)
+    for k0 in range(0, K, BK):
+        kk = k0 + ks
+        a = tl.load(x_ptr + rows[:, None] * sxm + kk[None, :] * sxk,
+                    mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = tl.load(w_ptr + kk[:, None] * swk + cols[None, :] * swn,
+                    mask=(kk[:, None] < K) & (cols[None, :] < N), other=0.0)
+        acc = mma(a, b, acc, INTERP)
+    return acc
+
+@triton.jit
+def tile_ids(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
+    # grouped order of output tiles (L2 reuse of the weight columns); does not touch the arithmetic
+    grid_m = tl.cdiv(M, BM)
+    grid_n = tl.cdiv(N, BN)
+    per_group = GROUP * grid_n
+    group = pid // per_group
+    first_m = group * GROUP
+    size_m = tl.minimum(grid_m - first_m, GROUP)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+    return pid_m, pid_n
+
+@triton.jit(do_not_specialize=["M"])
+def shard_mm(x_ptr, w_ptr, o_ptr, M, N, K, sxs, sxm, sxk, sws, swk, swn, sos, som, son,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, INTERP: tl.constexpr):
+    pid_m, pid_n = tile_ids(tl.program_id(0), M, N, BM, BN, GROUP)
+    s = tl.program_id(1)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    acc = tile_dot(x_ptr + s * sxs, w_ptr + s * sws, rows, cols, M, N, K, sxm, sxk, swk, swn, BM, BN, BK, INTERP)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    tl.store(o_ptr + s * sos + rows[:, None] * som + cols[None, :] * son,
+             acc.to(o_ptr.dtype.element_ty), mask=mask)
+
+@triton.jit
+def pair(x_ptr, w_ptr, s, rows, cols, M, N, K, sxs, sxm, sxk, sws, swk, swn,
+         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
+    a = tile_dot(x_ptr + s * sxs, w_ptr + s * sws, rows, cols, M, N, K, sxm, sxk, swk, swn, BM, BN, BK, INTERP)
+    b = tile_dot(x_ptr + (s + 1) * sxs, w_ptr + (s + 1) * sws, rows, cols, M, N, K, sxm, sxk, swk, swn, BM, BN, BK, INTERP)
+    return a + b
+
+@triton.jit(do_not_specialize=["M"])
+def shard_mm_tree(x_ptr, w_ptr, o_ptr, t_ptr, M, N, K, sxs, sxm, sxk, sws, swk, swn,
+                  SHARDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  GROUP: tl.constexpr, INTERP: tl.constexpr):
+    # out and scratch are [M, N] fp32, row-major
+    pid_m, pid_n = tile_ids(tl.program_id(0), M, N, BM, BN, GROUP)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    where = rows[:, None] * N + cols[None, :]
+    if SHARDS == 1:
+        total = tile_dot(x_ptr, w_ptr, rows, cols, M, N, K, sxm, sxk, swk, swn, BM, BN, BK, INTERP)
+    elif SHARDS == 2:
+        total = pair(x_ptr, w_ptr, 0, rows, cols, M, N, K, sxs, sxm, sxk, sws, swk, swn, BM, BN, BK, INTERP)
+    elif SHARDS == 4:
+        tl.store(o_ptr + where, pair(x_ptr, w_ptr, 0, rows, cols, M, N, K, sxs, sxm, sxk, sws, swk, swn, BM, BN, BK, INTERP), mask=mask)
+        p23 = pair(x_ptr, w_ptr, 2, rows, cols, M, N, K, sxs, sxm, sxk, sws, swk, swn, BM, BN, BK, INTERP)
+        total = tl.load(o_ptr + where, mask=mask, other=0.0) + p23
+    else:
+        tl.store(o_ptr + where, pair(x_ptr, w_ptr, 0, rows, cols, M, N, K, sxs, sxm, sxk, sws, swk, swn, BM, BN, BK, INTERP), mask=mask)
+        p23 = pair(x_ptr, w_ptr, 2, rows, cols, M, N, K, sxs, sxm, sxk, sws, swk, swn, BM, BN, BK, INTERP)
+        tl.store(o_ptr + where, tl.load(o_ptr + where, mask=mask, other=0.0) + p23, mask=mask)
+        tl.store(t_ptr + where, pair(x_ptr, w_ptr, 4, rows, cols, M, N, K, sxs, sxm, sxk, sws, swk, swn, BM, BN, BK, INTERP), mask=mask)
+        p67 = pair(x_ptr, w_ptr, 6, rows, cols, M, N, K, sxs, sxm, sxk, sws, swk, swn, BM, BN, BK, INTERP)
+        p4567 = tl.load(t_ptr + where, mask=mask, other=0.0) + p67
+        total = tl.load(o_ptr + where, mask=mask, other=0.0) + p4567
+    tl.store(o_ptr + where, total, mask=mask)
+
+
+
+def _grid(rows, cols, bm, bn, shards):
+    return ((-(-rows // bm)) * (-(-cols // bn)), shards)
+
+
+def _operands(x, w_shards):
+    import torch
+    shards, inner, cols = w_shards.shape
+    if x.dim() == 2:
+        x = x.unsqueeze(0).expand(shards, *x.shape)        # shared input: stride 0 over shards
+    if x.dtype != torch.bfloat16:
+        x = x.to(torch.bfloat16)
+    if w_shards.dtype != torch.bfloat16:
+        w_shards = w_shards.to(torch.bfloat16)
+    return x, w_shards
+
+
+def shard_matmul(x, w_shards, out_dtype=None):
+    """Per-shard products [S, M, N] of ``x`` [M, K] (shared) or [S, M, K] with ``w_shards`` [S, K, N].
+
+    bf16 operands, fp32 accumulation; the result has ``out_dtype`` (default: ``x``'s dtype).
+    """
+    import torch
+
+    out_dtype = out_dtype or x.dtype
+    x, w = _operands(x, w_shards)
+    shards, inner, cols = w.shape
+    rows = x.shape[1]
+    out = torch.empty(shards, rows, cols, dtype=out_dtype, device=x.device)
+    if rows == 0:
+        return out
+    bm, bn, bk, warps, stages = _config(rows)
+    shard_mm[_grid(rows, cols, bm, bn, shards)](
+        x, w, out, rows, cols, inner, x.stride(0), x.stride(1), x.stride(2),
+        w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        BM=bm, BN=bn, BK=bk, GROUP=8, INTERP=interpreting(), num_warps=warps, num_stages=stages)
+    return out
+
+
+def tree_reduce_shards(partials):
+    """Fixed pairwise tree over dim 0 (power-of-two count): one element-wise add per tree level."""
+    while partials.shape[0] > 1:
+        partials = partials[0::2] + partials[1::2]
+    return partials[0]
+
+
+def shard_matmul_tree(x, w_shards):
+    """fp32 ``tree_s(x[s] @ w[s])`` [M, N] for ``x`` [S, M, K] and ``w_shards`` [S, K, N], S in 1, 2, 4, 8."""
+    import torch
+
+    x, w = _operands(x, w_shards)
+    shards, inner, cols = w.shape
+    if shards not in (1, 2, 4, 8):
+        raise ValueError(f"the shard tree needs 1, 2, 4 or 8 shards, got {shards}")
+    rows = x.shape[1]
+    if rows <= SMALL_ROWS:
+        return tree_reduce_shards(shard_matmul(x, w, out_dtype=torch.float32))
+    bm, bn, bk, warps, stages = _config(rows, tree=True)
+    out = torch.empty(rows, cols, dtype=torch.float32, device=x.device)
+    scratch = torch.empty_like(out) if shards == 8 else out
+    shard_mm_tree[_grid(rows, cols, bm, bn, 1)](
+        x, w, out, scratch, rows, cols, inner, x.stride(0), x.stride(1), x.stride(2),
+        w.stride(0), w.stride(1), w.stride(2),
+        SHARDS=shards, BM=bm, BN=bn, BK=bk, GROUP=8, INTERP=interpreting(), num_warps=warps, num_stages=stages)
+    return out
