@@ -1,0 +1,135 @@
+"""The Triton strict kernels, interpreted on the CPU (TRITON_INTERPRET=1), against their CPU twins.
+
+The CPU reference (``rlk_kernels.primitives`` / ``rlk_kernels.ops``) is what each GPU path must
+match up to bf16 rounding; bitwise invariance on the GPU itself is checked by the H200 run of
+``benchmarks/gpu_strict_kernels.py`` (results in benchmarks/results/h200-strict-kernels.json).
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+os.environ["TRITON_INTERPRET"] = "1"          # before triton is imported by the kernels
+
+from rlk_kernels import ops, primitives as pr  # noqa: E402
+from rlk_kernels.gpu import triton_attention, triton_gemm, triton_logp, triton_pointwise  # noqa: E402
+
+
+def bf(t):
+    return t.to(torch.bfloat16).float()
+
+
+def test_shard_matmul_matches_cpu_tiles():
+    gen = torch.Generator().manual_seed(1)
+    x, w = torch.randn(70, 96, generator=gen), torch.randn(4, 96, 80, generator=gen)
+    out = triton_gemm.shard_matmul(x, w, out_dtype=torch.float32)
+    ref = pr.tiled_matmul_shards(bf(x), bf(w))
+    assert out.shape == (4, 70, 80)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    # a row's bits do not depend on the other rows of the call (same launch configuration)
+    assert torch.equal(triton_gemm.shard_matmul(x[:3], w, out_dtype=torch.float32), out[:, :3])
+
+
+@pytest.mark.parametrize("shards", [1, 2, 4, 8])
+def test_tree_matches_cpu_tree_and_fused_equals_level_adds(shards):
+    gen = torch.Generator().manual_seed(shards)
+    xs, w = torch.randn(shards, 300, 32, generator=gen), torch.randn(shards, 32, 24, generator=gen)
+    fused = triton_gemm.shard_matmul_tree(xs, w)                     # 300 rows: the fused kernel
+    ref = pr.tree_reduce(pr.tiled_matmul_shards(bf(xs), bf(w)).unbind(0))
+    torch.testing.assert_close(fused, ref, atol=1e-4, rtol=1e-4)
+    # the fused tree adds the same fp32 partials in the same tree as the level-by-level adds
+    partials = triton_gemm.shard_matmul(xs, w, out_dtype=torch.float32)
+    level = triton_gemm.tree_reduce_shards(partials)
+    torch.testing.assert_close(fused, level, atol=1e-5, rtol=1e-5)
+
+
+def test_tree_refuses_non_power_of_two():
+    with pytest.raises(ValueError, match="1, 2, 4 or 8"):
+        triton_gemm.shard_matmul_tree(torch.randn(3, 4, 16), torch.randn(3, 16, 8))
+
+
+def test_attention_matches_cpu_and_decode_launch_equals_prefill_launch():
+    gen = torch.Generator().manual_seed(3)
+    b, hq, hkv, length, d = 2, 8, 2, 300, 128
+    q = bf(torch.randn(b, hq, length, d, generator=gen) * d ** -0.5)
+    k, v = bf(torch.randn(b, hkv, length, d, generator=gen)), bf(torch.randn(b, hkv, length, d, generator=gen))
+    pos = torch.arange(length).view(1, -1).expand(b, -1)
+    out = triton_attention.attention(q, k, v, pos, out_dtype=torch.float32)
+    ref = ops.strict_attention(q, k, v, pos)
+    torch.testing.assert_close(out, ref, atol=1e-2, rtol=1e-2)       # P in bf16 before P·V on the GPU path
+    p = 290                                                          # two splits of 256 keys
+    split = triton_attention.attention(q[:, :, p:p + 1], k[:, :, :p + 1], v[:, :, :p + 1], pos[:, p:p + 1],
+                                       out_dtype=torch.float32, per_split=True)
+    whole = triton_attention.attention(q[:, :, p:p + 1], k[:, :, :p + 1], v[:, :, :p + 1], pos[:, p:p + 1],
+                                       out_dtype=torch.float32, per_split=False)
+    assert torch.equal(split, whole)
+    torch.testing.assert_close(split[:, :, 0], ref[:, :, p], atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_logp_matches_cpu_and_ignores_rank_split(temperature):
+    gen = torch.Generator().manual_seed(4)
+    canonical, width, hidden = 8, 256, 64
+    vocab = canonical * width - 100                                   # the last shard is partly padding
+    h = bf(torch.randn(40, hidden, generator=gen))
+    lm = bf(torch.randn(canonical, hidden, width, generator=gen) / 8)
+    targets = torch.randint(0, vocab, (40,), generator=gen)
+    out = triton_logp.logp(h, lm, targets, vocab=vocab, temperature=temperature)
+    ref = ops.strict_logp(h, lm, targets, vocab=vocab, temperature=temperature)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for tp in (2, 4, 8):
+        ranks = [range(r * canonical // tp, (r + 1) * canonical // tp) for r in range(tp)]
+        assert torch.equal(triton_logp.logp(h, lm, targets, vocab=vocab, temperature=temperature, ranks=ranks), out)
+
+
+def test_logp_shard_of_padding_only_merges_like_the_reference():
+    # smoke-like vocabulary: 14 real tokens in 8 shards of 2 -> shard 7 holds only padding
+    gen = torch.Generator().manual_seed(5)
+    h, lm = bf(torch.randn(5, 32, generator=gen)), bf(torch.randn(8, 32, 2, generator=gen))
+    targets = torch.tensor([0, 3, 7, 12, 13])
+    out = triton_logp.logp(h, lm, targets, vocab=14)
+    torch.testing.assert_close(out, ops.strict_logp(h, lm, targets, vocab=14), atol=1e-5, rtol=1e-5)
+
+
+def test_rms_norm_and_swiglu_match_cpu():
+    gen = torch.Generator().manual_seed(6)
+    x, w = torch.randn(7, 4, 128, generator=gen), torch.randn(128, generator=gen)
+    torch.testing.assert_close(triton_pointwise.rms_norm(x, w, 1e-6), pr.rms_norm(x, w, 1e-6), atol=1e-5, rtol=1e-5)
+    gu = torch.randn(3, 5, 40, generator=gen)
+    torch.testing.assert_close(triton_pointwise.swiglu(gu, 20), pr.silu(gu[..., :20]) * gu[..., 20:], atol=1e-5, rtol=1e-5)
+
+
+def test_operator_modules_through_the_triton_path_match_cpu():
+    """The ops hooks (what `kit kernels check --device cuda` runs), driven through the interpreter."""
+    script = textwrap.dedent("""
+        import torch
+        from rlk_kernels import ops
+        from rlk_kernels.model import ModelConfig, init_weights, layer_weights, rope_table
+        cfg = ModelConfig.smoke(); W = init_weights(cfg, 0, layers=1); w = layer_weights(W, 0)
+        x = torch.randn(6, cfg.hidden, generator=torch.Generator().manual_seed(0))
+        t = torch.randint(0, cfg.vocab, (6,), generator=torch.Generator().manual_seed(1))
+        rope = rope_table(cfg, 16)
+        xs = x.view(2, 3, cfg.hidden)
+        res = {
+            "ffn": [ops.ffn_module("R", w, cfg, x, tp=tp) for tp in (1, 4)],
+            "logp": [ops.logp_module("R", W, cfg, x, t, tp) for tp in (1, 8)],
+            "attention": [ops.attention_module_train("R", w, cfg, rope, [xs], [[0, 1, 2]], tp)[0] for tp in (1, 2)],
+        }
+        torch.save(res, "out.pt")
+    """)
+    env = dict(os.environ, TRITON_INTERPRET="1", RLK_TRITON_ON_CPU="1")
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-c", script], cwd=tmp, env=env, check=True, capture_output=True)
+        triton_res = torch.load(os.path.join(tmp, "out.pt"))
+        env.pop("RLK_TRITON_ON_CPU")
+        subprocess.run([sys.executable, "-c", script], cwd=tmp, env=env, check=True, capture_output=True)
+        cpu_res = torch.load(os.path.join(tmp, "out.pt"))
+    for name in ("ffn", "logp", "attention"):
+        a, b = triton_res[name]
+        assert torch.equal(a, b), f"{name}: Triton path differs across TP"
+        torch.testing.assert_close(a, cpu_res[name][0], atol=5e-2, rtol=5e-2)
