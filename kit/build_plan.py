@@ -20,7 +20,7 @@ import hashlib
 import io
 import re
 import tarfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from kit.documents import canonical_json

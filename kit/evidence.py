@@ -25,8 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from kit.documents import (canonical_json, read_json_file, schema_id, schema_problems, sha256_of_file,
-                           write_new_document)
+from kit.documents import (canonical_json, read_json_file, schema_id, schema_problems, write_new_document)
 from kit.errors import BadInput, CheckFailed, KitError
 
 SEAL = "seal.json"

@@ -18,14 +18,13 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
 
 from kit import evidence as E
-from kit.documents import canonical_json, schema_id, sha256_of_document, sha256_of_file, write_new_document
+from kit.documents import schema_id, sha256_of_document, sha256_of_file
 from kit.errors import BadInput
 from kit.redact import Redactor, is_secret_name, redact_env
 
@@ -261,8 +260,9 @@ class Progress:
             self.stream.write("\n")
 
 
-class _Signals:
-    """Ctrl-C and SIGTERM set a flag the stream loop reads; the job is stopped, evidence kept, no traceback."""
+class SignalFlag:
+    """Ctrl-C and SIGTERM set a flag the caller polls (the stream loop, the suite between arms): the job is
+    stopped, evidence kept, no traceback. A context manager that restores the previous handlers."""
 
     def __init__(self):
         self.received: int | None = None
@@ -305,9 +305,7 @@ def default_run_id(arm, rollouts: int | None) -> str:
 
 def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callable[[str], None] = lambda s: None) -> RunOutcome:
     """The whole run; never raises for a job that fails or is interrupted (that is the outcome)."""
-    from kit.gates import GATE_SET_VERSION, RunEvidence, evaluate
     from kit.runtimes import make_runtime
-    from kit.vime.records import parse_records
 
     if request.detach and request.runtime != "ray":
         raise BadInput("--detach needs --runtime ray: the local and docker runtimes stop what they started")
@@ -336,7 +334,7 @@ def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callabl
                            ray_address=request.ray_address, network=request.network, ray_head=request.ray_head,
                            input_mounts=input_mounts(files) if files else None)
     started = time.monotonic()
-    with _Signals() as signals:
+    with SignalFlag() as signals:
         try:
             log(f"preflight ({request.runtime})")
             runtime.preflight()

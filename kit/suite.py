@@ -18,7 +18,6 @@ stopped and writes the partial summary marked interrupted. Example::
 from __future__ import annotations
 
 import datetime as _dt
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -491,29 +490,6 @@ def plan_module_suite(request: SuiteRequest, catalog=None) -> SuitePlan:
     return SuitePlan(request, base, runtime, specs, stack_name, stack_sha, matrix, source)
 
 
-class _StopFlag:
-    """Ctrl-C and SIGTERM between arms set a flag; during an arm kit run's own handler stops the job."""
-
-    def __init__(self):
-        self.received: int | None = None
-        self._old = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:   # not the main thread
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        self.received = signum
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
 def run_module_suite(plan: SuitePlan, *, progress: TextIO | None = None, log: Callable[[str], None] = lambda s: None,
                      before_arm: Callable[[ArmSpec], None] | None = None) -> tuple[dict, int]:
     """Run the eight arms in order through kit run's path; write summary.json; return it and the exit code.
@@ -521,7 +497,7 @@ def run_module_suite(plan: SuitePlan, *, progress: TextIO | None = None, log: Ca
     ``before_arm`` is called just before each arm starts (progress reporting; tests use it to
     make an arm fail for real).
     """
-    from kit.run import RunRequest, execute
+    from kit.run import RunRequest, SignalFlag, execute
 
     req = plan.request
     plan.suite_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -533,7 +509,7 @@ def run_module_suite(plan: SuitePlan, *, progress: TextIO | None = None, log: Ca
     started_at, started = utc_now(), time.monotonic()
     arms: list[dict] = []
     interrupted = False
-    with _StopFlag() as stop:
+    with SignalFlag() as stop:  # between arms; during an arm kit run's own handler stops the job
         for index, spec in enumerate(plan.specs):
             if stop.received is not None or interrupted:
                 interrupted = True

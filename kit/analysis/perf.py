@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kit.analysis.comparability import CONTROLLED_LABEL, DESCRIPTIVE_LABEL, Comparability, assess
-from kit.analysis.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, Resampler, describe, exact_mean, ols
+from kit.analysis.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, Resampler, describe, ols
 from kit.errors import BadInput
 
 STAGES = (

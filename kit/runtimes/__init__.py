@@ -64,6 +64,22 @@ class Runtime:
         """Release what preflight started (container, Ray head). Always called."""
 
 
+class RayJobRuntime(Runtime):
+    """A runtime whose job is a Ray job (docker: the head inside the container; ray: an existing cluster)."""
+
+    job: "RayJob | None" = None
+
+    def follow(self, emit: Callable[[str], None], should_stop: Callable[[], bool]) -> str:
+        return self.job.follow(emit, should_stop)
+
+    def stop_job(self) -> None:
+        if self.job:
+            self.job.stop()
+
+    def job_info(self) -> dict:
+        return self.job.info() if self.job else {}
+
+
 def make_runtime(kind: str, **kw) -> Runtime:
     if kind == "local" and kw.get("ray_head"):
         from kit.runtimes.local_ray import LocalRayRuntime

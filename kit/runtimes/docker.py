@@ -16,15 +16,13 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import time
 from pathlib import Path
-from typing import Callable
 
 from kit import image_layout as L
 from kit.errors import BadInput, CheckFailed
-from kit.runtimes import JobSpec, RayJob, Runtime, free_port, host_info, gpu_info, wait_for_jobs_api
+from kit.runtimes import JobSpec, RayJob, RayJobRuntime, free_port, host_info, gpu_info, wait_for_jobs_api
 
 CONTAINER_DASHBOARD_PORT = 8265
 RAY_TMP = "/tmp/ray"
@@ -60,7 +58,7 @@ def ray_head_command(ray_bin: str = L.RAY) -> list[str]:
             f"--temp-dir={RAY_TMP}"]
 
 
-class DockerRuntime(Runtime):
+class DockerRuntime(RayJobRuntime):
     kind = "docker"
 
     def __init__(self, *, arm, image: str | None, workspace: Path, run_id: str, network: str | None = None,
@@ -199,16 +197,6 @@ class DockerRuntime(Runtime):
     def submit(self, spec: JobSpec) -> None:
         self.job = RayJob(self.address, alive=self._alive)
         self.job.submit(spec)
-
-    def follow(self, emit: Callable[[str], None], should_stop: Callable[[], bool]) -> str:
-        return self.job.follow(emit, should_stop)
-
-    def stop_job(self) -> None:
-        if self.job:
-            self.job.stop()
-
-    def job_info(self) -> dict:
-        return self.job.info() if self.job else {}
 
     def close(self) -> None:
         if self.container is None:

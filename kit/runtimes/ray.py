@@ -17,11 +17,10 @@ import shlex
 import tempfile
 import shutil
 from pathlib import Path
-from typing import Callable
 
 from kit import image_layout as L
 from kit.errors import BadInput, CheckFailed
-from kit.runtimes import JobSpec, RayJob, Runtime, gpu_info, host_info, wait_for_jobs_api
+from kit.runtimes import JobSpec, RayJob, RayJobRuntime, gpu_info, host_info, wait_for_jobs_api
 
 PROBE_MARKER = "RLK-NODE-PROBE "
 NODE_PROBE_SCRIPT = """
@@ -71,7 +70,7 @@ def node_problems(nodes: list[dict], stack_doc: dict) -> list[str]:
     return out
 
 
-class RayRuntime(Runtime):
+class RayRuntime(RayJobRuntime):
     kind = "ray"
 
     def __init__(self, *, arm, ray_address: str | None, run_id: str, python: str = L.PYTHON, **_):
@@ -137,16 +136,6 @@ class RayRuntime(Runtime):
             spec = replace(spec, working_dir=self._staging)
         self.job = RayJob(self.address)
         self.job.submit(spec)
-
-    def follow(self, emit: Callable[[str], None], should_stop: Callable[[], bool]) -> str:
-        return self.job.follow(emit, should_stop)
-
-    def stop_job(self) -> None:
-        if self.job:
-            self.job.stop()
-
-    def job_info(self) -> dict:
-        return self.job.info() if self.job else {}
 
     def close(self) -> None:
         if self._staging:
