@@ -6,7 +6,9 @@ One run does three things and writes one JSON document:
 2. invariance at the benchmark's sizes: GEMM / tree / logp rows against an 8192-row call, attention
    prefill of 7168 tokens against decode steps (batch 1 and 64), and a whole R decoder layer's
    prefill rows against decode steps on the prefill's KV cache;
-3. throughput of R against P per module (attention, ffn, logp) and for a decoder layer, prefill
+3. a sweep of launch configurations (attention tile height / warps / stages, decode logp tiles),
+   each timed against P and checked byte for byte against the defaults;
+4. throughput of R against P per module (attention, ffn, logp) and for a decoder layer, prefill
    (one sequence of 4096 / 8192 tokens: training-side logp recompute) and decode (batch 1, 4, 8, 64
    with 2048 / 7168 cached tokens), both captured in CUDA graphs and timed alternately in one run.
    The printed ratio is R throughput / P throughput (= P time / R time).
@@ -16,7 +18,7 @@ RMSNorm and SiLU, logits materialised then logsumexp. R: the kernels of ``rlk_ke
 
 Usage (the package need not be installed; ``kernels/`` is registered as ``rlk_kernels``)::
 
-    python benchmarks/gpu_strict_kernels.py --out results.json [--skip-check] [--quick]
+    python benchmarks/gpu_strict_kernels.py --out results.json [--skip-check] [--quick] [--no-sweep]
 """
 
 from __future__ import annotations
@@ -151,8 +153,7 @@ def ffn(impl, L, x):
     rows = x.reshape(-1, cfg.hidden)
     if impl == "R":
         n = triton_pointwise.rms_norm(rows, L.w["post_norm"], cfg.norm_eps)
-        gu = triton_gemm.shard_matmul(n, L.r_gu)
-        act = triton_pointwise.swiglu(gu, L.per)
+        act = triton_gemm.shard_swiglu(n, L.r_gu, L.per)
         out = triton_gemm.shard_matmul_tree(act, L.r_down).to(torch.bfloat16)
     else:
         gu = F.linear(_p_norm(rows, L.w["post_norm"], cfg.norm_eps), L.p_gu)
@@ -251,6 +252,9 @@ def invariance_at_scale(L):
         _same(triton_logp.logp(x[:300], L.r_lm, targets[:300], vocab=cfg.vocab,
                                ranks=[range(r * 8 // tp, (r + 1) * 8 // tp) for r in range(tp)]), full_logp[:300])
         for tp in (2, 4, 8))
+    # the FFN module (fused gate/up + SwiGLU above 256 rows, stored gate/up + SwiGLU kernel below)
+    full_ffn = ffn("R", L, x)
+    ok["ffn_module"] = all(_same(ffn("R", L, x[:rows]), full_ffn[:rows]) for rows in (1, 8, 64, 256, 257, 4096))
     results["rows_1_to_4096_vs_8192"] = ok
     # attention: prefill of 7168 tokens vs decode steps (batch 1 and 64) over the same keys
     length = 7168
@@ -309,6 +313,89 @@ def layer_prefix_cache(L, xs):
     finally:
         triton_attention.attention = original
     return captured["k"], captured["v"]
+
+
+# --- launch-configuration sweep ----------------------------------------------------------------------
+
+PREFILL_VARIANTS = ((64, 4, 2), (64, 4, 3), (128, 8, 2), (128, 8, 3))       # (BLOCK_M, warps, stages)
+DECODE_VARIANTS = ((64, 4, 2), (64, 4, 3), (64, 4, 4), (32, 2, 3), (16, 1, 3), (16, 1, 4))
+LOGP_SMALL_VARIANTS = ((64, 128, 128, 4, 4), (64, 128, 64, 4, 6), (64, 128, 128, 4, 3), (64, 128, 256, 4, 2))
+
+
+def sweep(L):
+    """Core attention (prefill 8192 tokens; decode batch 8 / 64 over 7168 cached keys) and decode
+    logp (batch 8) under several launch configurations, each timed against the same P and checked
+    byte for byte against the defaults (attention: decode steps against the prefill rows)."""
+    import torch
+    import torch.nn.functional as F
+    from rlk_kernels.gpu import triton_attention as ta
+    from rlk_kernels.gpu import triton_logp
+    cfg = L.cfg
+    d = cfg.head_dim
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    res = {"defaults": {"prefill": list(ta.PREFILL), "decode": list(ta.DECODE), "logp_small": list(triton_logp.SMALL),
+                        "merge_chunk": triton_logp.MERGE_CHUNK},
+           "prefill_attention": [], "decode_attention": [], "decode_logp": []}
+    length = 8192
+    qs = (torch.randn(1, cfg.heads, length, d, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
+    ks = torch.randn(1, cfg.query_groups, length, d, device="cuda", generator=gen).to(torch.bfloat16)
+    vs = torch.randn(1, cfg.query_groups, length, d, device="cuda", generator=gen).to(torch.bfloat16)
+    pos = torch.arange(length, device="cuda").view(1, -1)
+    ref = ta.attention(qs, ks, vs, pos)
+    probes = (0, 255, 256, 1000, 4095, 8191)
+
+    def decode_equal(dec, pre_out):
+        return all(_same(ta.attention(qs[:, :, p:p + 1], ks[:, :, :p + 1], vs[:, :, :p + 1], pos[:, p:p + 1],
+                                      decode=dec)[:, :, 0], pre_out[:, :, p]) for p in probes)
+
+    for pre in PREFILL_VARIANTS:
+        try:
+            out = ta.attention(qs, ks, vs, pos, prefill=pre)
+            row = {"config": list(pre), "same_as_default": _same(out, ref),
+                   "decode_equal": decode_equal(None, out)}
+            row.update(side_by_side(lambda: ta.attention(qs, ks, vs, pos, prefill=pre),
+                                    lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True), 5))
+        except Exception as exc:
+            row = {"config": list(pre), "error": repr(exc)[:300]}
+        res["prefill_attention"].append(row)
+        print("sweep prefill attention", row, flush=True)
+    ctx = 7168
+    for batch in (8, 64):
+        q = (torch.randn(batch, cfg.heads, 1, d, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
+        kc = torch.randn(batch, cfg.query_groups, ctx + 1, d, device="cuda", generator=gen).to(torch.bfloat16)
+        vc = torch.randn_like(kc)
+        qpos = torch.full((batch, 1), ctx, device="cuda")
+        for dec in DECODE_VARIANTS:
+            try:
+                row = {"batch": batch, "kv_cache": ctx, "config": list(dec)}
+                if batch == 8:
+                    row["decode_equal"] = decode_equal(dec, ref)
+                row.update(side_by_side(lambda: ta.attention(q, kc, vc, qpos, decode=dec),
+                                        lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True), 20))
+            except Exception as exc:
+                row["error"] = repr(exc)[:300]
+            res["decode_attention"].append(row)
+            print("sweep decode attention", row, flush=True)
+    x = torch.randn(300, cfg.hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    targets = torch.randint(0, cfg.vocab, (300,), device="cuda", generator=gen)
+    full = triton_logp.logp(x, L.r_lm, targets, vocab=cfg.vocab)                 # the large launch
+    xb, tb = x[:8].contiguous(), targets[:8].contiguous()
+    default_small, default_chunk = triton_logp.SMALL, triton_logp.MERGE_CHUNK
+    for small in LOGP_SMALL_VARIANTS:
+        for chunk in (1, 8):
+            row = {"batch": 8, "config": list(small), "merge_chunk": chunk}
+            triton_logp.SMALL, triton_logp.MERGE_CHUNK = small, chunk
+            try:
+                row["same_as_large_launch"] = _same(triton_logp.logp(xb, L.r_lm, tb, vocab=cfg.vocab), full[:8])
+                row.update(side_by_side(lambda: triton_logp.logp(xb, L.r_lm, tb, vocab=cfg.vocab),
+                                        lambda: torch.log_softmax(F.linear(xb, L.lm)[:, :cfg.vocab].float(), -1), 20))
+            except Exception as exc:
+                row["error"] = repr(exc)[:300]
+            finally:
+                triton_logp.SMALL, triton_logp.MERGE_CHUNK = default_small, default_chunk
+            res["decode_logp"].append(row)
+            print("sweep decode logp", row, flush=True)
+    return res
 
 
 # --- throughput --------------------------------------------------------------------------------------
@@ -374,6 +461,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the launch-configuration sweep")
     args = ap.parse_args(argv)
     _bootstrap()
     import torch
@@ -401,6 +489,8 @@ def main(argv=None):
         L = Layer(ModelConfig.qwen3_8b())
         section("invariance_at_scale", lambda: invariance_at_scale(L))
         print(json.dumps(doc["invariance_at_scale"], indent=1), flush=True)
+        if not args.no_sweep:
+            section("sweep", lambda: sweep(L))
         section("throughput", lambda: throughput(L, quick=args.quick))
         doc["goals"] = {"prefill": 0.85, "decode": 0.95,
                         "anchors": {"thinking_machines_batch_invariant_vllm": 0.62, "sglang_deterministic": 0.75}}

@@ -33,7 +33,7 @@ Example::
 from __future__ import annotations
 
 from rlk_kernels import primitives as pr
-from rlk_kernels.collectives import all_gather, all_reduce_fixed_tree, all_reduce_rank_order, group_for
+from rlk_kernels.collectives import all_gather, all_reduce_rank_order, group_for
 from rlk_kernels.layouts import virtual_shards
 
 ATTENTION_KV_BLOCK = 16
@@ -437,11 +437,12 @@ def ffn_module(impl, w, cfg, x, tp):
     for rank in group.local_ranks():
         shards = virtual_shards(rank, tp, c)
         if impl == "R":
-            gu = strict_linear_rows(normed, gate_up[shards.start:shards.stop])          # [S, M, 2*per]
-            if _gpu(gu):
-                from rlk_kernels.gpu.triton_pointwise import swiglu
-                act = swiglu(gu, per)
+            if _gpu(normed):
+                # gate/up GEMM with SwiGLU in its epilogue (the same bits as the stored gate/up path)
+                from rlk_kernels.gpu.triton_gemm import shard_swiglu
+                act = shard_swiglu(normed, gate_up[shards.start:shards.stop], per)
             else:
+                gu = strict_linear_rows(normed, gate_up[shards.start:shards.stop])      # [S, M, 2*per]
                 act = pr.silu(gu[..., :per]) * gu[..., per:]
             local[rank] = strict_linear_tree(act, down[shards.start:shards.stop])
         else:

@@ -47,6 +47,21 @@ def test_tree_matches_cpu_tree_and_fused_equals_level_adds(shards):
     torch.testing.assert_close(fused, level, atol=1e-5, rtol=1e-5)
 
 
+def test_fused_swiglu_equals_stored_gate_up_path_bitwise():
+    gen = torch.Generator().manual_seed(2)
+    per = 40
+    x, w = torch.randn(70, 64, generator=gen), torch.randn(2, 64, 2 * per, generator=gen) / 8
+    x, w = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    fused = triton_gemm.shard_swiglu(x, w, per, fused=True)
+    stored = triton_gemm.shard_swiglu(x, w, per, fused=False)
+    assert fused.shape == (2, 70, per) and fused.dtype == torch.bfloat16
+    assert torch.equal(fused.view(torch.int16), stored.view(torch.int16))
+    gu = pr.tiled_matmul_shards(x.float(), w.float()).to(torch.bfloat16).float()
+    torch.testing.assert_close(fused.float(), pr.silu(gu[..., :per]) * gu[..., per:], atol=2e-2, rtol=2e-2)
+    with pytest.raises(ValueError, match="2\\*per"):
+        triton_gemm.shard_swiglu(x, w, per + 1, fused=True)
+
+
 def test_tree_refuses_non_power_of_two():
     with pytest.raises(ValueError, match="1, 2, 4 or 8"):
         triton_gemm.shard_matmul_tree(torch.randn(3, 4, 16), torch.randn(3, 16, 8))
@@ -64,9 +79,16 @@ def test_attention_matches_cpu_and_decode_launch_equals_prefill_launch():
     p = 290                                                          # two splits of 256 keys
     split = triton_attention.attention(q[:, :, p:p + 1], k[:, :, :p + 1], v[:, :, :p + 1], pos[:, p:p + 1],
                                        out_dtype=torch.float32, per_split=True)
+    # the interpreter's dot is a NumPy product whose bits depend on the tile's shape, so the CPU twin
+    # compares the two launches at one tile height; the GPU's 128-row prefill tile (two 64-row warp
+    # groups) against the 64-row decode tile is checked byte for byte by benchmarks/gpu_strict_kernels.py
     whole = triton_attention.attention(q[:, :, p:p + 1], k[:, :, :p + 1], v[:, :, :p + 1], pos[:, p:p + 1],
-                                       out_dtype=torch.float32, per_split=False)
+                                       out_dtype=torch.float32, per_split=False,
+                                       prefill=triton_attention.DECODE)
     assert torch.equal(split, whole)
+    default = triton_attention.attention(q[:, :, p:p + 1], k[:, :, :p + 1], v[:, :, :p + 1], pos[:, p:p + 1],
+                                         out_dtype=torch.float32, per_split=False)
+    torch.testing.assert_close(default, whole, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(split[:, :, 0], ref[:, :, p], atol=1e-2, rtol=1e-2)
 
 
@@ -84,6 +106,19 @@ def test_fused_logp_matches_cpu_and_ignores_rank_split(temperature):
     for tp in (2, 4, 8):
         ranks = [range(r * canonical // tp, (r + 1) * canonical // tp) for r in range(tp)]
         assert torch.equal(triton_logp.logp(h, lm, targets, vocab=vocab, temperature=temperature, ranks=ranks), out)
+
+
+def test_logp_merge_reads_tiles_in_chunks_without_changing_bits(monkeypatch):
+    gen = torch.Generator().manual_seed(8)
+    canonical, width, hidden = 2, 128 * 11, 32                         # 11 tiles per shard: a partial chunk
+    h = bf(torch.randn(9, hidden, generator=gen))
+    lm = bf(torch.randn(canonical, hidden, width, generator=gen) / 4)
+    targets = torch.randint(0, canonical * width - 50, (9,), generator=gen)
+    chunked = triton_logp.logp(h, lm, targets, vocab=canonical * width - 50)
+    monkeypatch.setattr(triton_logp, "MERGE_CHUNK", 1)
+    assert torch.equal(triton_logp.logp(h, lm, targets, vocab=canonical * width - 50), chunked)
+    torch.testing.assert_close(chunked, ops.strict_logp(h, lm, targets, vocab=canonical * width - 50),
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_logp_shard_of_padding_only_merges_like_the_reference():

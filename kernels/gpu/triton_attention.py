@@ -11,9 +11,17 @@ Rows of a tile are (query, head of the KV group) pairs: ``BLOCK_M`` rows = ``BLO
 queries of all ``rep`` heads sharing one KV head. Two launches with the same per-row arithmetic:
 
 - prefill (more than one row tile): one program per row tile walks every split and merges it in
-  registers;
+  registers (:data:`PREFILL`: 128-row tiles, two warp groups of 64 rows);
 - decode (one row tile per sequence and KV head): one program per split writes the split's
-  (m, l, acc) in fp32, and a second kernel merges them in split order with the same merge code.
+  (m, l, acc) in fp32, and a second kernel merges them in split order with the same merge code
+  (:data:`DECODE`: 64-row tiles, one warp group).
+
+What a row's bits depend on is the same in both: the score of a (row, key) pair is one 64-row
+warp-group MMA chained over the head dimension in k16 steps, the key blocks (``BLOCK_N``) and the
+splits (``SPLIT``) are fixed over global positions, the online softmax runs over a block's
+``BLOCK_N`` columns held by one warp group, and the splits are merged in split order. Tile
+height, warps per program and pipeline depth only change how many rows share a program and how
+loads are scheduled (the benchmark checks prefill against decode byte for byte on the GPU).
 
 Example (``TRITON_INTERPRET=1`` on a CPU)::
 
@@ -31,9 +39,12 @@ import triton.language as tl
 
 from rlk_kernels.gpu.common import interpreting, mma
 
-BLOCK_M = 64
-BLOCK_N = 64
-SPLIT = 256
+BLOCK_N = 64                 # keys per block: fixed (the online-softmax and P.V granularity)
+SPLIT = 256                  # keys per split: fixed over global positions
+# (BLOCK_M, num_warps, num_stages) per launch; BLOCK_M / num_warps = 16 keeps 64-row warp groups
+PREFILL = (128, 8, 3)
+DECODE = (64, 4, 3)
+BLOCK_M = DECODE[0]          # the row tile that decides prefill (more than one tile) against decode
 
 
 @triton.jit
@@ -147,10 +158,12 @@ def _combine_kernel(pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr, Lq, HKV, n_splits,
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None):
+def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None, prefill=None, decode=None):
     """Causal attention of ``q`` [B, Hq, Lq, D] (already scaled) at positions ``q_pos`` [B, Lq] over
     ``k``/``v`` [B, Hkv, Lk, D] holding key positions 0..Lk-1. ``per_split`` None: decode launch when
-    every sequence's rows fit one tile, prefill launch otherwise (both give the same bits)."""
+    every sequence's rows fit one decode tile, prefill launch otherwise (both give the same bits).
+    ``prefill`` / ``decode``: (BLOCK_M, warps, stages) overrides of :data:`PREFILL` / :data:`DECODE`
+    (the benchmark's sweep)."""
     import torch
 
     batch, heads, lq, dim = q.shape
@@ -160,24 +173,28 @@ def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None):
     q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
     pos = q_pos.to(torch.int32).contiguous()
     out = torch.empty(batch, heads, lq, dim, dtype=out_dtype, device=q.device)
-    row_tiles = -(-lq * rep // BLOCK_M)
     n_splits = max(1, -(-lk // SPLIT))
+    dec_m, dec_warps, dec_stages = decode or DECODE
     if per_split is None:
-        per_split = row_tiles == 1
+        per_split = lq * rep <= dec_m
     strides = (*q.stride(), *k.stride(), *v.stride(), *out.stride())
-    consts = dict(REP=rep, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=dim, SPLIT=SPLIT, INTERP=interpreting(),
-                  num_warps=4, num_stages=2, enable_fp_fusion=False)
+    consts = dict(REP=rep, BLOCK_N=BLOCK_N, D=dim, SPLIT=SPLIT, INTERP=interpreting(), enable_fp_fusion=False)
     if not per_split:
+        bm, warps, stages = prefill or PREFILL
+        row_tiles = -(-lq * rep // bm)
         _attn_kernel[(row_tiles, batch * hkv, 1)](q, k, v, pos, out, out, out, out, lq, lk, hkv, n_splits,
-                                                  *strides, PER_SPLIT=False, **consts)
+                                                  *strides, PER_SPLIT=False, BLOCK_M=bm, num_warps=warps,
+                                                  num_stages=stages, **consts)
         return out
+    row_tiles = -(-lq * rep // dec_m)
     rows = lq * rep
     pm = torch.empty(batch * hkv * n_splits * rows, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
     pacc = torch.empty(batch * hkv * n_splits * rows, dim, dtype=torch.float32, device=q.device)
     _attn_kernel[(row_tiles, batch * hkv, n_splits)](q, k, v, pos, out, pm, pl, pacc, lq, lk, hkv, n_splits,
-                                                     *strides, PER_SPLIT=True, **consts)
+                                                     *strides, PER_SPLIT=True, BLOCK_M=dec_m, num_warps=dec_warps,
+                                                     num_stages=dec_stages, **consts)
     _combine_kernel[(row_tiles, batch * hkv)](pos, out, pm, pl, pacc, lq, hkv, n_splits, *out.stride(),
-                                              REP=rep, BLOCK_M=BLOCK_M, D=dim, SPLIT=SPLIT, num_warps=4,
+                                              REP=rep, BLOCK_M=dec_m, D=dim, SPLIT=SPLIT, num_warps=4,
                                               enable_fp_fusion=False)
     return out

@@ -9,6 +9,12 @@ partition into virtual shards, the same for every call.
 
 - :func:`shard_matmul` — ``x @ w[s]`` for every shard s: [S, M, N] (column-parallel projections,
   and the per-shard partials of a row-parallel one).
+- :func:`shard_swiglu` — ``silu(x @ g[s]) * (x @ u[s])`` per shard for gate/up weights laid out
+  ``[gate | up]``: large row counts run one kernel holding the gate and up tiles of the same
+  columns in two accumulators (one load of ``x`` feeds both) with SwiGLU in the epilogue; small
+  row counts write the bf16 gate/up products and run the element-wise kernel. The epilogue rounds
+  gate and up to the product's dtype before SwiGLU exactly as the stored path does, so a row's
+  bits are the same.
 - :func:`shard_matmul_tree` — ``tree_s(x[s] @ w[s])``: the row-parallel projection reduced over
   its (power-of-two, aligned) shards in the fixed pairwise tree. Large row counts run one fused
   kernel that keeps two accumulators in registers and the upper tree levels in an fp32 scratch
@@ -35,6 +41,7 @@ from rlk_kernels.gpu.common import interpreting, mma
 SMALL = (64, 64, 128, 4, 4)
 LARGE = (128, 256, 64, 8, 3)
 LARGE_TREE = (128, 128, 64, 8, 3)      # two fp32 accumulators must fit in registers
+LARGE_SWIGLU = (128, 128, 64, 8, 3)    # gate and up accumulators: the registers of one 128x256 tile
 SMALL_ROWS = 256                       # up to this many rows: the small configuration
 
 
@@ -57,6 +64,25 @@ def tile_dot(x_ptr, w_ptr, rows, cols, M, N, K, sxm, sxk, swk, swn,
                     mask=(kk[:, None] < K) & (cols[None, :] < N), other=0.0)
         acc = mma(a, b, acc, INTERP)
     return acc
+
+@triton.jit
+def tile_dot2(x_ptr, w_ptr, rows, cols, off2, M, N, K, sxm, sxk, swk, swn,
+              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
+    """Two tiles of the same rows: columns ``cols`` and ``cols + off2``, each the chain of
+    :func:`tile_dot` (same K steps into its own fp32 accumulator), sharing the loads of ``x``."""
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc2 = tl.zeros((BM, BN), dtype=tl.float32)
+    ks = tl.arange(0, BK)
+    for k0 in range(0, K, BK):
+        kk = k0 + ks
+        a = tl.load(x_ptr + rows[:, None] * sxm + kk[None, :] * sxk,
+                    mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0)
+        bmask = (kk[:, None] < K) & (cols[None, :] < N)
+        b = tl.load(w_ptr + kk[:, None] * swk + cols[None, :] * swn, mask=bmask, other=0.0)
+        b2 = tl.load(w_ptr + kk[:, None] * swk + (cols[None, :] + off2) * swn, mask=bmask, other=0.0)
+        acc = mma(a, b, acc, INTERP)
+        acc2 = mma(a, b2, acc2, INTERP)
+    return acc, acc2
 
 @triton.jit
 def tile_ids(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
@@ -82,6 +108,25 @@ def shard_mm(x_ptr, w_ptr, o_ptr, M, N, K, sxs, sxm, sxk, sws, swk, swn, sos, so
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     tl.store(o_ptr + s * sos + rows[:, None] * som + cols[None, :] * son,
              acc.to(o_ptr.dtype.element_ty), mask=mask)
+
+@triton.jit(do_not_specialize=["M"])
+def shard_swiglu_mm(x_ptr, w_ptr, o_ptr, M, PER, K, sxs, sxm, sxk, sws, swk, swn, sos, som, son,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+                    INTERP: tl.constexpr):
+    # w[s] is [K, 2*PER] = [gate | up]; out[s] is [M, PER]
+    pid_m, pid_n = tile_ids(tl.program_id(0), M, PER, BM, BN, GROUP)
+    s = tl.program_id(1)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    g, u = tile_dot2(x_ptr + s * sxs, w_ptr + s * sws, rows, cols, PER, M, PER, K, sxm, sxk, swk, swn,
+                     BM, BN, BK, INTERP)
+    # the stored path's rounding: gate/up in the output dtype, SwiGLU in fp32 (as triton_pointwise)
+    g = g.to(o_ptr.dtype.element_ty).to(tl.float32)
+    u = u.to(o_ptr.dtype.element_ty).to(tl.float32)
+    act = g / (1.0 + tl.exp(-g)) * u
+    mask = (rows[:, None] < M) & (cols[None, :] < PER)
+    tl.store(o_ptr + s * sos + rows[:, None] * som + cols[None, :] * son,
+             act.to(o_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
 def pair(x_ptr, w_ptr, s, rows, cols, M, N, K, sxs, sxm, sxk, sws, swk, swn,
@@ -155,6 +200,35 @@ def shard_matmul(x, w_shards, out_dtype=None):
         x, w, out, rows, cols, inner, x.stride(0), x.stride(1), x.stride(2),
         w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), out.stride(2),
         BM=bm, BN=bn, BK=bk, GROUP=8, INTERP=interpreting(), num_warps=warps, num_stages=stages)
+    return out
+
+
+def shard_swiglu(x, w_shards, per: int, out_dtype=None, fused: bool | None = None):
+    """SwiGLU of the per-shard gate/up products: [S, M, per] from ``x`` [M, K] and ``w_shards``
+    [S, K, 2*per] (``[gate | up]`` columns). ``fused`` None: the fused kernel above
+    :data:`SMALL_ROWS` rows (both give the same bits)."""
+    import torch
+
+    out_dtype = out_dtype or x.dtype
+    rows = x.shape[-2]
+    if fused is None:
+        fused = rows > SMALL_ROWS
+    if not fused:
+        from rlk_kernels.gpu.triton_pointwise import swiglu
+        return swiglu(shard_matmul(x, w_shards, out_dtype=out_dtype), per)
+    x, w = _operands(x, w_shards)
+    shards, inner, cols = w.shape
+    if cols != 2 * per:
+        raise ValueError(f"gate/up weights need 2*per = {2 * per} columns, got {cols}")
+    out = torch.empty(shards, rows, per, dtype=out_dtype, device=x.device)
+    if rows == 0:
+        return out
+    bm, bn, bk, warps, stages = LARGE_SWIGLU
+    shard_swiglu_mm[_grid(rows, per, bm, bn, shards)](
+        x, w, out, rows, per, inner, x.stride(0), x.stride(1), x.stride(2),
+        w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        BM=bm, BN=bn, BK=bk, GROUP=8, INTERP=interpreting(), num_warps=warps, num_stages=stages,
+        enable_fp_fusion=False)
     return out
 
 

@@ -28,6 +28,7 @@ BN = 128                      # vocabulary tile: fixed for every launch (the sum
 SMALL = (64, BN, 128, 4, 4)
 LARGE = (128, BN, 64, 8, 3)
 MERGE_ROWS = 128
+MERGE_CHUNK = 8               # vocabulary tiles read per load in the merge (does not touch the order)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -60,24 +61,42 @@ def _tiles_kernel(h_ptr, w_ptr, tgt_ptr, sm_ptr, sl_ptr, tl_ptr, M, K, width, sh
     tl.store(tl_ptr + rows, picked, mask=row_ok & inside)
 
 
+@triton.jit
+def _fold(sm, sl, tm, ts):
+    """Fold one tile's (max, sum-exp) into a shard's running pair (an all-padding tile is a no-op)."""
+    new = tl.maximum(sm, tm)
+    a = tl.where(sm == float("-inf"), 0.0, tl.exp(sm - new))
+    b = tl.where(tm == float("-inf"), 0.0, tl.exp(tm - new))
+    return new, sl * a + ts * b
+
+
 @triton.jit(do_not_specialize=["M"])
-def _merge_kernel(sm_ptr, sl_ptr, tl_ptr, out_ptr, M, n_tiles, SHARDS: tl.constexpr, BLOCK: tl.constexpr):
+def _merge_kernel(sm_ptr, sl_ptr, tl_ptr, out_ptr, M, n_tiles, SHARDS: tl.constexpr, BLOCK: tl.constexpr,
+                  CHUNK: tl.constexpr):
+    # tiles are read CHUNK at a time (one load in flight per chunk, not per tile: decode has one
+    # program walking every tile) and folded one by one in tile order
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = rows < M
+    js = tl.arange(0, CHUNK)
     run_max = tl.zeros((BLOCK,), tl.float32)
     run_sum = tl.zeros((BLOCK,), tl.float32)
     for s in range(0, SHARDS):
         sm = tl.full((BLOCK,), float("-inf"), tl.float32)
         sl = tl.zeros((BLOCK,), tl.float32)
-        for t in range(0, n_tiles):
-            at = (s * n_tiles + t) * M + rows
-            tm = tl.load(sm_ptr + at, mask=ok, other=float("-inf"))
-            ts = tl.load(sl_ptr + at, mask=ok, other=0.0)
-            new = tl.maximum(sm, tm)
-            a = tl.where(sm == float("-inf"), 0.0, tl.exp(sm - new))
-            b = tl.where(tm == float("-inf"), 0.0, tl.exp(tm - new))
-            sl = sl * a + ts * b
-            sm = new
+        for c in range(0, n_tiles, CHUNK):
+            t = c + js
+            at = (s * n_tiles + t[None, :]) * M + rows[:, None]
+            live = ok[:, None] & (t[None, :] < n_tiles)
+            tms = tl.load(sm_ptr + at, mask=live, other=float("-inf"))
+            tss = tl.load(sl_ptr + at, mask=live, other=0.0)
+            for j in tl.static_range(CHUNK):
+                pick = js[None, :] == j
+                tm = tl.max(tl.where(pick, tms, float("-inf")), 1)         # column j, exactly
+                ts = tl.sum(tl.where(pick, tss, 0.0), 1)                   # x + zeros: exactly x
+                new_m, new_l = _fold(sm, sl, tm, ts)
+                inside = c + j < n_tiles
+                sm = tl.where(inside, new_m, sm)
+                sl = tl.where(inside, new_l, sl)
         sm = tl.where(sm == float("-inf"), 0.0, sm)       # the reference's safe max of an all-padding shard
         if s == 0:
             run_max = sm
@@ -103,6 +122,7 @@ def shard_summaries(h, lm_shards, targets, buffers, *, shard0: int, vocab: int, 
     w = lm_shards.to(torch.bfloat16)
     tgt = targets.to(torch.int32).contiguous()
     bm, bn, bk, warps, stages = SMALL if rows <= SMALL_ROWS else LARGE
+    assert bn == BN, "the vocabulary tile is the summary granularity: fixed"
     n_tiles = -(-width // BN)
     grid = ((-(-rows // bm)) * n_tiles, local)
     _tiles_kernel[grid](h, w, tgt, sm, sl, tgt_logit, rows, inner, width, shard0, vocab, n_tiles,
@@ -124,7 +144,7 @@ def merge(buffers, rows: int, canonical: int, width: int):
     out = torch.empty(rows, dtype=torch.float32, device=sm.device)
     if rows:
         _merge_kernel[(-(-rows // MERGE_ROWS),)](sm, sl, tgt_logit, out, rows, -(-width // BN),
-                                                  SHARDS=canonical, BLOCK=MERGE_ROWS, num_warps=4,
+                                                  SHARDS=canonical, BLOCK=MERGE_ROWS, CHUNK=MERGE_CHUNK, num_warps=4,
                                                   enable_fp_fusion=False)
     return out
 
