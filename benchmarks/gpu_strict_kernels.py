@@ -317,9 +317,10 @@ def layer_prefix_cache(L, xs):
 
 # --- launch-configuration sweep ----------------------------------------------------------------------
 
-PREFILL_VARIANTS = ((64, 4, 2), (64, 4, 3), (128, 8, 2), (128, 8, 3))       # (BLOCK_M, warps, stages)
-DECODE_VARIANTS = ((64, 4, 2), (64, 4, 3), (64, 4, 4), (32, 2, 3), (16, 1, 3), (16, 1, 4))
-LOGP_SMALL_VARIANTS = ((64, 128, 128, 4, 4), (64, 128, 64, 4, 6), (64, 128, 128, 4, 3), (64, 128, 256, 4, 2))
+# (BLOCK_M, warps, stages, one flat loop over key blocks)
+PREFILL_VARIANTS = ((128, 8, 3, False), (64, 4, 3, True), (128, 8, 2, True), (128, 8, 3, True))
+DECODE_VARIANTS = ((64, 4, 2), (64, 4, 3), (16, 1, 3))
+LOGP_SMALL_VARIANTS = ((64, 128, 128, 4, 4), (64, 128, 64, 4, 6))
 
 
 def sweep(L):
@@ -333,7 +334,7 @@ def sweep(L):
     cfg = L.cfg
     d = cfg.head_dim
     gen = torch.Generator(device="cuda").manual_seed(13)
-    res = {"defaults": {"prefill": list(ta.PREFILL), "decode": list(ta.DECODE), "logp_small": list(triton_logp.SMALL),
+    res = {"defaults": {"prefill": list(ta.PREFILL), "prefill_flat": ta.FLAT, "decode": list(ta.DECODE), "logp_small": list(triton_logp.SMALL),
                         "merge_chunk": triton_logp.MERGE_CHUNK},
            "prefill_attention": [], "decode_attention": [], "decode_logp": []}
     length = 8192
@@ -350,10 +351,10 @@ def sweep(L):
 
     for pre in PREFILL_VARIANTS:
         try:
-            out = ta.attention(qs, ks, vs, pos, prefill=pre)
+            out = ta.attention(qs, ks, vs, pos, prefill=pre[:3], flat=pre[3])
             row = {"config": list(pre), "same_as_default": _same(out, ref),
                    "decode_equal": decode_equal(None, out)}
-            row.update(side_by_side(lambda: ta.attention(qs, ks, vs, pos, prefill=pre),
+            row.update(side_by_side(lambda: ta.attention(qs, ks, vs, pos, prefill=pre[:3], flat=pre[3]),
                                     lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True), 5))
         except Exception as exc:
             row = {"config": list(pre), "error": repr(exc)[:300]}

@@ -92,6 +92,23 @@ def test_attention_matches_cpu_and_decode_launch_equals_prefill_launch():
     torch.testing.assert_close(split[:, :, 0], ref[:, :, p], atol=1e-2, rtol=1e-2)
 
 
+def test_flat_prefill_loop_equals_loop_per_split_and_decode_launch():
+    gen = torch.Generator().manual_seed(9)
+    b, hq, hkv, length, d = 1, 8, 2, 600, 128                        # 3 splits, the last one partial
+    q = bf(torch.randn(b, hq, length, d, generator=gen) * d ** -0.5)
+    k, v = bf(torch.randn(b, hkv, length, d, generator=gen)), bf(torch.randn(b, hkv, length, d, generator=gen))
+    pos = torch.arange(length).view(1, -1)
+    tile = triton_attention.DECODE                                   # one tile height (see above)
+    flat = triton_attention.attention(q, k, v, pos, out_dtype=torch.float32, prefill=tile, flat=True)
+    nested = triton_attention.attention(q, k, v, pos, out_dtype=torch.float32, prefill=tile, flat=False)
+    assert torch.equal(flat, nested)
+    for p in (255, 256, 511, 599):
+        args = (q[:, :, p:p + 1], k[:, :, :p + 1], v[:, :, :p + 1], pos[:, p:p + 1])
+        split = triton_attention.attention(*args, out_dtype=torch.float32, per_split=True)
+        whole = triton_attention.attention(*args, out_dtype=torch.float32, per_split=False, prefill=tile, flat=True)
+        assert torch.equal(split, whole), p
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_fused_logp_matches_cpu_and_ignores_rank_split(temperature):
     gen = torch.Generator().manual_seed(4)

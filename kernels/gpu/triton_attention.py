@@ -43,6 +43,7 @@ BLOCK_N = 64                 # keys per block: fixed (the online-softmax and P.V
 SPLIT = 256                  # keys per split: fixed over global positions
 # (BLOCK_M, num_warps, num_stages) per launch; BLOCK_M / num_warps = 16 keeps 64-row warp groups
 PREFILL = (128, 8, 3)
+FLAT = True                  # prefill: one loop over key blocks (False: a loop per split; same bits)
 DECODE = (64, 4, 3)
 BLOCK_M = DECODE[0]          # the row tile that decides prefill (more than one tile) against decode
 
@@ -96,7 +97,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
                  Lq, Lk, HKV, n_splits,
                  sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
                  REP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                 SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr, INTERP: tl.constexpr):
+                 SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr, INTERP: tl.constexpr, FLAT: tl.constexpr = True):
     pid_r = tl.program_id(0)
     bg = tl.program_id(1)
     b = bg // HKV
@@ -118,6 +119,42 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
         tl.store(pm_ptr + base, m, mask=row_ok)
         tl.store(pl_ptr + base, l, mask=row_ok)
         tl.store(pacc_ptr + base[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+    elif FLAT:
+        # one loop over every key block (pipelined across split boundaries): the block update of
+        # _split_state, and at a split's last block the merge of _merge followed by a fresh split
+        # state, selected with ``where`` -- the same operations on the same values as the nested form
+        top = tl.max(pos, 0) + 1
+        M = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        L = tl.zeros((BLOCK_M,), tl.float32)
+        ACC = tl.zeros((BLOCK_M, D), tl.float32)
+        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, D), tl.float32)
+        for start in range(0, top, BLOCK_N):
+            kpos = start + tl.arange(0, BLOCK_N)
+            kmask = kpos < Lk
+            k = tl.load(kb + kpos[:, None] * skn + dims[None, :] * skd, mask=kmask[:, None], other=0.0)
+            scores = mma(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERP)
+            valid = (kpos[None, :] <= pos[:, None]) & kmask[None, :]
+            scores = tl.where(valid, scores, float("-inf"))
+            active = start <= pos
+            m_new = tl.where(active, tl.maximum(m, tl.max(scores, 1)), m)
+            pr = tl.where(valid, tl.exp(scores - m_new[:, None]), 0.0)
+            alpha = tl.where(active, tl.exp(m - m_new), 1.0)
+            v = tl.load(vb + kpos[:, None] * svn + dims[None, :] * svd, mask=kmask[:, None], other=0.0)
+            acc_new = mma(pr, v, acc * alpha[:, None], INTERP)
+            l = tl.where(active, l * alpha + tl.sum(pr, 1), l)
+            acc = tl.where(active[:, None], acc_new, acc)
+            m = m_new
+            split_first = start - start % SPLIT
+            if (start + BLOCK_N == split_first + SPLIT) | (start + BLOCK_N >= top):
+                M, L, ACC = _merge(M, L, ACC, m, l, acc, split_first <= pos)
+                m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+                l = tl.zeros((BLOCK_M,), tl.float32)
+                acc = tl.zeros((BLOCK_M, D), tl.float32)
+        out = ACC / L[:, None]
+        tl.store(o_ptr + b * sob + head[:, None] * soh + qi[:, None] * son + dims[None, :] * sod,
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
         top = tl.max(pos, 0) + 1
         M = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -158,12 +195,13 @@ def _combine_kernel(pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr, Lq, HKV, n_splits,
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None, prefill=None, decode=None):
+def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None, prefill=None, decode=None,
+              flat: bool | None = None):
     """Causal attention of ``q`` [B, Hq, Lq, D] (already scaled) at positions ``q_pos`` [B, Lq] over
     ``k``/``v`` [B, Hkv, Lk, D] holding key positions 0..Lk-1. ``per_split`` None: decode launch when
     every sequence's rows fit one decode tile, prefill launch otherwise (both give the same bits).
     ``prefill`` / ``decode``: (BLOCK_M, warps, stages) overrides of :data:`PREFILL` / :data:`DECODE`
-    (the benchmark's sweep)."""
+    (the benchmark's sweep); ``flat``: override of :data:`FLAT`."""
     import torch
 
     batch, heads, lq, dim = q.shape
@@ -183,7 +221,8 @@ def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None, 
         bm, warps, stages = prefill or PREFILL
         row_tiles = -(-lq * rep // bm)
         _attn_kernel[(row_tiles, batch * hkv, 1)](q, k, v, pos, out, out, out, out, lq, lk, hkv, n_splits,
-                                                  *strides, PER_SPLIT=False, BLOCK_M=bm, num_warps=warps,
+                                                  *strides, PER_SPLIT=False, FLAT=FLAT if flat is None else flat,
+                                                  BLOCK_M=bm, num_warps=warps,
                                                   num_stages=stages, **consts)
         return out
     row_tiles = -(-lq * rep // dec_m)
