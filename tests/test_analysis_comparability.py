@@ -39,6 +39,9 @@ def test_declared_factor_only_is_a_controlled_comparison(tmp_path):
     assert doc["speedups"][0]["label"] == "controlled comparison"
     assert [a["name"] for a in doc["arms"]] == ["native", "consistency"]
     assert {a["global_batch_size_origin"] for a in doc["arms"]} == {"manifest workload.global_batch_size"}
+    with open(tmp_path / "o" / "step-metrics.csv") as fh:
+        labels = {(r["arm"], r["comparison"]) for r in csv.DictReader(fh)}
+    assert labels == {("native", "reference"), ("consistency", "controlled comparison")}
 
 
 def test_g10_g11_run_dirs_are_descriptive_and_name_the_uncontrolled_pins(tmp_path):

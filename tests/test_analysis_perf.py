@@ -176,6 +176,9 @@ def test_cli_outputs_and_labels_when_not_controlled(tmp_path):
     with open(out / "step-metrics.csv") as fh:
         metrics = list(csv.DictReader(fh))
     assert len(metrics) == 50 and metrics[0]["arm"] == "native"
+    # every step row says whether its arm is part of a controlled comparison, as summary.csv does
+    assert {r["comparison"] for r in metrics if r["arm"] == "native"} == {"reference"}
+    assert {r["comparison"] for r in metrics if r["arm"] == "strict"} == {"descriptive, not causal"}
     assert (out / "performance-decomposition.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "performance-decomposition.pdf").read_bytes()[:5] == b"%PDF-"
 
@@ -187,6 +190,8 @@ def test_cli_json_single_arm(tmp_path):
     doc = json.loads(result.output)
     assert doc["comparison"]["applicable"] is False and doc["speedups"] == []
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["step-metrics.csv", "summary.csv", "summary.json"]
+    with open(tmp_path / "o" / "step-metrics.csv") as fh:
+        assert {r["comparison"] for r in csv.DictReader(fh)} == {"single arm"}
 
 
 def test_existing_output_file_is_refused_and_nothing_is_written(tmp_path):

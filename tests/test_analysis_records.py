@@ -140,3 +140,69 @@ def test_python_repr_round_trips(payload):
     assert got.keys() == payload.keys()
     for k, v in payload.items():
         assert (got[k] != got[k] and v != v) or got[k] == v
+
+
+# --- unparseable record lines are reported, never dropped silently -----------------------------------
+
+def test_unparseable_record_lines_are_collected_with_their_line_numbers():
+    bad = []
+    records = list(parse_records([
+        "step 0: {'train/loss': 1.0}",
+        "(Train pid=2) perf 0: {'perf/step_time': oops}",        # a name: not a literal
+        "noise",
+        "step 1: {'train/loss': [}",                              # syntax error
+        "rollout 2: {'rollout/raw_reward': 0.5, 'rollout/x",     # cut before its closing brace
+        "step 3: {1, 2}",                                         # a set, not a dict
+    ], bad))
+    assert [r.step for r in records] == [0]
+    assert [(u.line_number, u.kind, u.step) for u in bad] == [(2, "perf", 0), (4, "step", 1), (5, "rollout", 2),
+                                                               (6, "step", 3)]
+    assert "syntax error" in bad[1].reason and "closing brace" in bad[2].reason
+    assert bad[0].describe("run.log").startswith("run.log:2: perf 0 record does not parse")
+    # without a list the reader behaves as before: the lines are skipped
+    assert len(list(parse_records(["step 1: {'a': [}"]))) == 0
+
+
+def test_unparseable_lines_become_arm_notes(tmp_path):
+    log = write_log(tmp_path / "a.log", synthetic_rows(3))
+    with open(log, "a") as fh:
+        fh.write("perf 9: {'perf/step_time': nope}\n")
+    arm = load_arm(log)
+    n = len(log.read_text().splitlines())
+    assert [u.line_number for u in arm.unparseable] == [n]
+    assert any("1 record line(s)" in note and f"line {n}" in note for note in arm.notes)
+    assert arm.unparseable_messages() == [f"{log}:{n}: perf 9 record does not parse "
+                                          "(not a literal: names or calls other than inf/nan); skipped"]
+
+
+def test_a_log_whose_every_record_line_is_unparseable_is_bad_input(tmp_path):
+    log = tmp_path / "broken.log"
+    log.write_text("header\nstep 0: {'train/loss': ?}\nperf 0: {'perf/step_time': (}\n")
+    with pytest.raises(BadInput, match=r"broken.log: every record line is unparseable \(2 line\(s\): 2, 3;"):
+        load_arm(log)
+
+
+def test_cli_warns_and_writes_notes(tmp_path):
+    from click.testing import CliRunner
+
+    from kit.cli import cli
+
+    log = write_log(tmp_path / "a.log", synthetic_rows(4))
+    with open(log, "a") as fh:
+        fh.write("step 7: {'train/loss': [}\n")
+    n = len(log.read_text().splitlines())
+    for sub in ("perf", "convergence"):
+        out = tmp_path / sub
+        result = CliRunner().invoke(cli, ["analyze", sub, str(log), "--out", str(out), "--no-figures"])
+        assert result.exit_code == 0, result.output + result.stderr
+        assert f"kit: warning: {log}:{n}: step 7 record does not parse" in result.stderr
+        notes = (out / "notes.txt").read_text()
+        assert f"{log}:{n}: step 7 record does not parse" in notes
+    summary = json.loads((tmp_path / "perf" / "summary.json").read_text())
+    assert any(f"line {n}" in note for note in summary["arms"][0]["notes"])
+
+    broken = tmp_path / "broken.log"
+    broken.write_text("step 0: {'train/loss': ?}\n")
+    result = CliRunner().invoke(cli, ["analyze", "perf", str(broken), "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "every record line is unparseable" in result.stderr
+    assert not (tmp_path / "x").exists()

@@ -43,9 +43,11 @@ COLUMNS = (
     "rollout_truncated_ratio", "update_weights_time_s", "wait_residual_time_s", "train_wait_time_s",
     "actor_train_time_s", "train_residual_time_s", "train_time_s", "data_preprocess_time_s",
     "unattributed_time_s", "step_time_s", "step_s_per_1k_response_tokens", "actor_train_tok_s",
-    "actor_train_tflops", "fully_truncated", "steady",
+    "actor_train_tflops", "fully_truncated", "steady", "comparison",
 )
-NUMERIC = tuple(c for c in COLUMNS if c not in ("arm", "step", "fully_truncated", "steady"))
+# comparison: as in summary.csv — "reference" or "single arm" for the first arm, else whether that arm
+# against the reference is a "controlled comparison" or "descriptive, not causal"
+NUMERIC = tuple(c for c in COLUMNS if c not in ("arm", "step", "fully_truncated", "steady", "comparison"))
 # metrics whose arm differences get a bootstrap CI
 COMPARED = (
     "step_time_s", "rollout_time_s", "update_weights_time_s", "wait_residual_time_s", "actor_train_time_s",
@@ -213,11 +215,14 @@ def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: in
                     "ci95_high": (m["bootstrap"] or {}).get("ci95_high") if m else None,
                     "bootstrap_method": (m["bootstrap"] or {}).get("method", "") if m else "",
                     "reference_over_arm": m["reference_over_other"] if m else None,
-                    "comparison": (c["label"] if c else ("reference" if len(names) > 1 and name == ref
-                                                          else "single arm")),
+                    "comparison": _row_label(verdict, name, names),
                 })
                 summary_rows.append(row)
 
+    for name in names:
+        label = _row_label(verdict, name, names)
+        for r in per_arm[name]:
+            r["comparison"] = label
     all_rows = [r for n in names for r in per_arm[n]]
     summary = {
         "schema": "rlk-kit/analysis-perf/v1",
@@ -275,6 +280,13 @@ def _compare(ref, other, chosen, stats, paired, resampler, verdict) -> dict:
                         "reference_over_other": _div(a_mean, b_mean), "bootstrap": boot}
     return {"reference": ref, "other": other, "label": label, "bootstrap_method": "paired" if paired else "unpaired",
             "paired_steps": len(common) if paired else None, "metrics": metrics}
+
+
+def _row_label(verdict, name, names) -> str:
+    """The comparison column of step-metrics.csv and summary.csv for one arm's rows."""
+    if len(names) < 2:
+        return "single arm"
+    return "reference" if name == names[0] else _label(verdict, name)
 
 
 def _label(verdict, other) -> str:

@@ -20,6 +20,7 @@ from kit.errors import BadInput
 from kit.vime.records import (
     RecordConflict,
     StepRecords,
+    UnparseableLine,
     collect_steps,
     generation_progress_seconds,
     is_finite_number,
@@ -46,6 +47,12 @@ class ArmLog:
     # finished tqdm generation bars, one per step in step order, when the log has a usable set
     progress_seconds: tuple[int, ...] | None = None
     notes: tuple[str, ...] = field(default=())
+    # record lines whose dict does not parse: skipped, and reported in notes and on stderr
+    unparseable: tuple[UnparseableLine, ...] = field(default=())
+
+    def unparseable_messages(self) -> list[str]:
+        """One ``<log>:<line>: ...`` message per skipped record line."""
+        return [u.describe(str(self.log_path)) for u in self.unparseable]
 
     @property
     def step_indices(self) -> tuple[int, ...]:
@@ -134,10 +141,15 @@ def load_arm(path: Path | str, name: str | None = None, global_batch_size: int |
         raise BadInput(f"{path}: arm name {name!r} must match [A-Za-z0-9][A-Za-z0-9._-]* (use --name)")
 
     lines = list(_read_lines(log_path))
+    unparseable: list[UnparseableLine] = []
     try:
-        steps = collect_steps(parse_records(lines))
+        steps = collect_steps(parse_records(lines, unparseable))
     except RecordConflict as exc:
         raise BadInput(f"{log_path}: {exc}") from None
+    if not steps and unparseable:
+        raise BadInput(f"{log_path}: every record line is unparseable ({len(unparseable)} line(s): "
+                       f"{_line_list(unparseable)}; first: {unparseable[0].reason}); expected Python dict reprs "
+                       "like \"step 0: {'train/loss': 0.5}\"")
     if not steps:
         raise BadInput(f"{log_path}: no VIME records (lines like \"step 0: {{'train/loss': ...}}\")")
 
@@ -145,12 +157,21 @@ def load_arm(path: Path | str, name: str | None = None, global_batch_size: int |
     gbs, origin = _global_batch_size(log_path, steps, workload, global_batch_size)
     max_len = _positive_int(workload.get("max_response_len"))
     notes = []
+    if unparseable:
+        notes.append(f"{len(unparseable)} record line(s) of {log_path} skipped because their dict does not parse "
+                     f"(line {_line_list(unparseable)}); the values of those records are missing")
     progress = generation_progress_seconds(lines)
     per_step = _progress_per_step(progress, len(steps))
     if progress and per_step is None:
         notes.append(f"{len(progress)} finished 'Rollout generation' bars for {len(steps)} steps; "
                      "progress times not used")
-    return ArmLog(name, log_path, run_dir, manifest, gbs, origin, max_len, steps, per_step, tuple(notes))
+    return ArmLog(name, log_path, run_dir, manifest, gbs, origin, max_len, steps, per_step, tuple(notes),
+                  tuple(unparseable))
+
+
+def _line_list(unparseable, shown: int = 10) -> str:
+    numbers = ", ".join(str(u.line_number) for u in unparseable[:shown])
+    return numbers + (f" and {len(unparseable) - shown} more" if len(unparseable) > shown else "")
 
 
 def _global_batch_size(log_path, steps, workload, override) -> tuple[int, str]:

@@ -22,10 +22,37 @@ def _figure_files(stems, figures: bool) -> tuple[str, ...]:
     return tuple(f"{s}.{ext}" for s in stems for ext in ("png", "pdf")) if figures else ()
 
 
+NOTES_FILE = "notes.txt"
+
+
 def _load(paths, names, global_batch_size):
+    """Load the runs; every skipped (unparseable) record line is warned about on stderr."""
     from kit.analysis.table import load_arms
 
-    return load_arms([Path(p) for p in paths], names, global_batch_size)
+    arms = load_arms([Path(p) for p in paths], names, global_batch_size)
+    for arm in arms:
+        messages = arm.unparseable_messages()
+        for message in messages[:20]:
+            click.echo(f"kit: warning: {message}", err=True)
+        if len(messages) > 20:
+            click.echo(f"kit: warning: {arm.log_path}: {len(messages) - 20} more unparseable record line(s)", err=True)
+    return arms
+
+
+def _notes(arms, headline: str) -> list[str]:
+    """The lines of notes.txt: what the reader skipped or could not use, per arm."""
+    lines = []
+    for arm in arms:
+        lines += [f"{arm.name}: {note}" for note in arm.notes]
+        lines += [f"{arm.name}: {message}" for message in arm.unparseable_messages()]
+    return [headline, ""] + lines if lines else []
+
+
+def _write_notes(tmp: Path, lines: list[str]) -> list[str]:
+    if not lines:
+        return []
+    (tmp / NOTES_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return [NOTES_FILE]
 
 
 @click.group("analyze")
@@ -35,6 +62,9 @@ def command():
     \b
     Inputs are run directories (run.log + manifest.json) or bare VIME logs
     (arm name = file stem; --name overrides, once per input in order).
+    A record line whose dict does not parse is skipped with a warning on
+    stderr and listed (file:line) in notes.txt and summary.json arms[].notes
+    (perf); a log whose every record line is unparseable is refused (exit 2).
 
     \b
     Examples:
@@ -77,7 +107,9 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
     \b
     The first input is the reference arm; others are compared with it.
     Unless kit compare finds the run manifests a controlled comparison,
-    every difference is labelled "descriptive, not causal".
+    every difference is labelled "descriptive, not causal"; the column
+    `comparison` of step-metrics.csv and summary.csv carries that label
+    per arm ("reference" for the first arm, "single arm" alone).
     \b
     Example:
       kit analyze perf runs/g10 runs/g11 --out report/perf --unpaired
@@ -85,7 +117,7 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
     from kit.analysis.output import publish, refuse_existing, write_csv, write_json
     from kit.analysis.perf import COLUMNS, SUMMARY_CSV_COLUMNS, analyze_perf
 
-    files = PERF_FILES + _figure_files(PERF_FIGURES, figures)
+    files = PERF_FILES + (NOTES_FILE,) + _figure_files(PERF_FIGURES, figures)
     refuse_existing(out_dir, files)
     arms = _load(runs, names, global_batch_size)
     pairing = "auto" if paired is None else ("paired" if paired else "unpaired")
@@ -95,6 +127,7 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
         written = [write_csv(tmp / "step-metrics.csv", COLUMNS, report.rows),
                    write_csv(tmp / "summary.csv", SUMMARY_CSV_COLUMNS, report.summary_rows),
                    write_json(tmp / "summary.json", report.summary, "rlk-kit/analysis-perf/v1")]
+        written += _write_notes(tmp, _notes(arms, report.summary["comparison"]["headline"]))
         if figures:
             from kit.analysis.plots import perf_figures
 
@@ -140,6 +173,7 @@ def _perf_text(report) -> str:
     for arm in s["arms"]:
         if arm["missing_log_keys"]:
             lines.append(f"note: {arm['name']} logs no {', '.join(arm['missing_log_keys'])}; those columns are empty")
+        lines += [f"note: {arm['name']}: {note}" for note in arm["notes"]]
     return "\n".join(lines)
 
 
@@ -160,7 +194,7 @@ def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase
     from kit.analysis.convergence import ROUNDS_COLUMNS, RUNS_COLUMNS, SUMMARY_FIELDS, analyze_convergence
     from kit.analysis.output import publish, refuse_existing, write_csv, write_json
 
-    files = CONVERGENCE_FILES + _figure_files(CONVERGENCE_FIGURES, figures)
+    files = CONVERGENCE_FILES + (NOTES_FILE,) + _figure_files(CONVERGENCE_FIGURES, figures)
     refuse_existing(out_dir, files)
     arms = _load(runs, names, global_batch_size)
     report = analyze_convergence(arms, phase)
@@ -173,6 +207,7 @@ def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase
                    write_csv(tmp / "rounds.csv", ROUNDS_COLUMNS, report.rounds),
                    write_csv(tmp / "summary.csv", SUMMARY_FIELDS + ("comparison",), rows),
                    write_json(tmp / "summary.json", report.summary, "rlk-kit/analysis-convergence/v1")]
+        written += _write_notes(tmp, _notes(arms, comparison["headline"]))
         if figures:
             from kit.analysis.plots import convergence_figures
 
@@ -191,6 +226,7 @@ def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase
                      f"{_fmt(sm['bitwise_mismatch_count'], '.0f'):>12}{_fmt(sm['bitwise_mismatch_rate'], '.4f'):>9}"
                      f"{_fmt(sm['max_abs_dlogp'], '.4g'):>12}{_fmt(sm['raw_reward_mean'], '.4f'):>11}"
                      f"{_fmt(sm['step_time_mean'], '.2f'):>9}")
+    lines += [f"note: {arm.name}: {note}" for arm in arms for note in arm.notes]
     click.echo("\n".join(lines))
     click.echo(f"wrote {len(paths)} files to {out_dir}")
 

@@ -1,10 +1,15 @@
 """Reader for VIME metric records: ``rollout N: {...}``, ``step N: {...}``, ``perf N: {...}``.
 
 VIME logs Python dict reprs. Lines may carry Ray actor prefixes (``(TrainActor pid=12) step 3: {...}``)
-and ANSI colour escapes; values may be bare ``inf``/``nan``. Example::
+and ANSI colour escapes; values may be bare ``inf``/``nan``. A line that looks like a record but whose
+dict does not parse is never dropped silently: pass a list as ``unparseable`` and it receives one
+:class:`UnparseableLine` (line number, kind, step, why) per such line. Example::
 
     >>> [r.kind for r in parse_records(["(pid=1) step 0: {'train/loss': inf}"])]
     ['step']
+    >>> bad = []
+    >>> list(parse_records(["perf 3: {'perf/step_time': 1.0"], bad)), bad[0].line_number
+    ([], 1)
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from typing import Iterable, Iterator
 
 ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 RECORD_RE = re.compile(r"\b(rollout|step|perf)\s+(\d+):\s+(\{.*\})\s*$")
+# the start of a record whose line was cut before its closing brace (a truncated log)
+RECORD_START_RE = re.compile(r"\b(rollout|step|perf)\s+(\d+):\s+\{")
 # bare inf/nan (as repr prints them) become float constants before literal_eval
 _NONFINITE_RE = re.compile(r"(?<![\w'\".])(-?)(inf|nan)(?![\w'\"])")
 
@@ -31,10 +38,7 @@ class Record:
 
 def _literal(payload_text: str) -> dict | None:
     text = _NONFINITE_RE.sub(lambda m: f"float('{m.group(1)}{m.group(2)}')", payload_text)
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError:
-        return None
+    tree = ast.parse(text, mode="eval")  # SyntaxError: the caller reports the line
     value = _eval_node(tree.body)
     return value if isinstance(value, dict) else None
 
@@ -53,18 +57,49 @@ def _eval_node(node):
     return ast.literal_eval(node)
 
 
-def parse_records(lines: Iterable[str]) -> Iterator[Record]:
-    """Yield every record line; lines that do not hold a parseable record are skipped."""
+@dataclass(frozen=True)
+class UnparseableLine:
+    """A line that matches ``<kind> N: {...}`` but whose dict is not a Python literal dict."""
+
+    line_number: int   # 1-based line in the source
+    kind: str
+    step: int
+    reason: str
+
+    def describe(self, source: str) -> str:
+        """``run.log:17: perf 3 record does not parse (unexpected EOF); skipped``"""
+        return f"{source}:{self.line_number}: {self.kind} {self.step} record does not parse ({self.reason}); skipped"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:120]}" if text else type(exc).__name__
+
+
+def parse_records(lines: Iterable[str], unparseable: list | None = None) -> Iterator[Record]:
+    """Yield every record line. Lines that are no record are skipped; a record line whose dict does
+    not parse is skipped too, and reported into ``unparseable`` when a list is given."""
     for number, raw in enumerate(lines, start=1):
         line = ANSI_RE.sub("", raw.rstrip("\n"))
         match = RECORD_RE.search(line)
         if not match:
+            cut = RECORD_START_RE.search(line) if unparseable is not None else None
+            if cut:
+                unparseable.append(UnparseableLine(number, cut.group(1), int(cut.group(2)),
+                                                   "no closing brace: the line is cut"))
             continue
+        reason = "not a dict literal"
         try:
             payload = _literal(match.group(3))
-        except (ValueError, TypeError, SyntaxError, RecursionError):
-            payload = None
+        except SyntaxError as exc:
+            payload, reason = None, f"syntax error: {exc.msg}"
+        except ValueError:
+            payload, reason = None, "not a literal: names or calls other than inf/nan"
+        except (TypeError, RecursionError, MemoryError) as exc:
+            payload, reason = None, _first_line(exc)
         if payload is None:
+            if unparseable is not None:
+                unparseable.append(UnparseableLine(number, match.group(1), int(match.group(2)), reason))
             continue
         yield Record(match.group(1), int(match.group(2)), payload, number)
 
