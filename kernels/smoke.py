@@ -9,9 +9,32 @@ side as the arm's ``operators`` say, so all-R/R gives bitwise-equal train and ro
 and every other case a measurable mismatch. Records are printed as VIME prints them::
 
     rollout 0: {'rollout/raw_reward': ..., ...}
-    perf 0: {'perf/rollout_time': ..., 'perf/tokens_per_gpu_per_sec': ...}
+    perf 0: {'perf/rollout_time': ..., 'perf/tokens_per_gpu_per_sec': ..., ...}
     step 0: {'train/loss': ..., 'train/train_current_rollout_logprob_mismatch_count': 0.0, ...}
     perf 0: {'perf/step_time': ..., 'perf/train_time': ..., ...}
+
+The two ``perf`` lines carry the perf keys of reference section 4.1, split as VIME splits them: the
+rollout-side line (it has ``perf/rollout_time``) holds the rollout throughputs, the train-side line
+(it has ``perf/step_time``) the trainer's timers and the TFLOPS derived from them.
+
+- Rollout throughputs use response tokens and the whole rollout time ``T``:
+  ``perf/tokens_per_gpu_per_sec = sum(response lengths) / T / gpus``,
+  ``perf/longest_sample_tokens_per_sec = max(response length) / T``, and the ``effective`` pair the
+  same over each sample's loss-masked response tokens. The smoke trainer's loss mask
+  (:func:`response_loss_mask`) covers every generated token, so the effective figures equal the raw ones.
+- ``perf/log_probs_time`` times the trainer's log-prob recompute under the training TP x CP layout.
+  The smoke trainer takes one optimizer step per rollout and reads the old log-probs off that same
+  forward (old == current policy), so unlike VIME's separate no-grad phase this time is contained in
+  ``perf/actor_train_time``.
+- ``perf/ref_log_probs_time`` times the reference-model pass (no grad, initial weights) that the
+  low-variance KL loss needs. It and ``perf/ref_log_probs_tflops`` are printed only when the arm sets
+  ``/workload/kl/use_kl_loss``: with KL off the smoke trainer keeps no reference model and runs no
+  reference pass, so there is nothing to time. The reference pass runs before the actor's training
+  forward and is not part of ``perf/actor_train_time``.
+- TFLOPS count the smoke model's matmul FLOPs (:func:`forward_flops`: q/k/v/o projections, causal
+  attention scores and values, SwiGLU FFN, LM head over the padded vocabulary) over each sample's
+  prompt + response length, per GPU of the arm's topology: ``log_probs`` and ``ref_log_probs`` one
+  forward, ``actor_train`` three (forward + backward).
 
 Entry points: ``SmokeConfig.from_arm(doc)``, ``run_smoke(config, emit=print)``,
 ``run_smoke_on_ray(config, emit=print)`` and ``python -m rlk_kernels.smoke --arm-file ARM.json``.
@@ -164,6 +187,33 @@ def prompt_set(seed: int = 0):
     return prompts, answers
 
 
+def response_loss_mask(lengths, width: int):
+    """[B, width] float mask of the response tokens that enter the loss: every generated token."""
+    import torch
+    return (torch.arange(width)[None, :] < torch.as_tensor(lengths)[:, None]).float()
+
+
+def forward_flops(cfg: ModelConfig, seqlens) -> float:
+    """Matmul FLOPs of one forward pass of the model over sequences of the given lengths.
+
+    Per layer and token: q/k/v and output projections, SwiGLU gate/up/down; per layer and sequence:
+    causal attention scores and values (query i sees i+1 keys); then the LM head over the padded
+    vocabulary. Element-wise work (norms, rotary, softmax, residuals) is not counted.
+
+        >>> forward_flops(ModelConfig.smoke(), [1]) == 2 * (2 * (128 * (128 + 64 + 64) + 128 * 128 + 3 * 128 * 256
+        ...                                                     + 2 * 16 * 8) + 128 * 16)
+        True
+    """
+    h, d = cfg.hidden, cfg.head_dim
+    per_token_layer = 2 * (h * (cfg.heads + 2 * cfg.query_groups) * d + cfg.heads * d * h + 3 * h * cfg.ffn_hidden)
+    total = 0.0
+    for length in seqlens:
+        n = int(length)
+        attention = 2 * 2 * cfg.heads * d * (n * (n + 1) // 2)
+        total += cfg.layers * (per_token_layer * n + attention) + 2 * h * cfg.padded_vocab * n
+    return float(total)
+
+
 def copy_reward(response, length, answer) -> float:
     """Fraction of answer positions the response gets right (``d1 d2 d3 <eos>``)."""
     hits = sum(1 for i in range(min(int(length), answer.shape[0])) if int(response[i]) == int(answer[i]))
@@ -237,13 +287,21 @@ class TrainerWorker:
         mean = groups.mean(-1, keepdim=True)
         std = groups.std(-1, unbiased=False, keepdim=True)
         advantages = ((groups - mean) / (std + 1e-6)).view(-1)
-        mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
+        mask = response_loss_mask(lengths, width)
         rollout_logp = batch["logprobs"][:, :width]
+        layout = TrainLayout(c.tp, c.cp)
         preprocess = time.perf_counter() - started
 
+        ref_time = None
+        if c.use_kl_loss:
+            ref_started = time.perf_counter()
+            with torch.no_grad():
+                ref_all, _ = train_logprobs(self.reference, c.model, tokens, layout, c.impls("train"), temperature=c.temperature)
+            ref_time = time.perf_counter() - ref_started
+
         train_started = time.perf_counter()
-        layout = TrainLayout(c.tp, c.cp)
         logp_all, logits_all = train_logprobs(self.params, c.model, tokens, layout, c.impls("train"), temperature=c.temperature)
+        log_probs_time = time.perf_counter() - train_started
         logp = logp_all[:, plen - 1:plen - 1 + width]
         old = logp.detach()
         tokens_n = mask.sum()
@@ -270,20 +328,19 @@ class TrainerWorker:
         loss = pg_loss
         kl_loss = 0.0
         if c.use_kl_loss:
-            with torch.no_grad():
-                ref_all, _ = train_logprobs(self.reference, c.model, tokens, layout, c.impls("train"), temperature=c.temperature)
             log_ratio = ref_all[:, plen - 1:plen - 1 + width] - logp
             kl = torch.exp(log_ratio) - log_ratio - 1
             kl_term = (kl * mask).sum() / tokens_n
             loss = loss + c.kl_coef * kl_term
-            kl_loss = float(kl_term)
+            kl_loss = float(kl_term.detach())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(list(self.params.values()), GRAD_CLIP))
         self.optimizer.step()
         actor_train = time.perf_counter() - train_started
-        total_tokens = int((plen + lengths).sum())
-        params = sum(p.numel() for p in self.params.values())
+        seqlens = [plen + int(n) for n in lengths]
+        total_tokens = sum(seqlens)
+        fwd_tflop_per_gpu = forward_flops(c.model, seqlens) / c.gpus / 1e12
         record = {
             "train/loss": float(loss.detach()), "train/pg_loss": float(pg_loss.detach()), "train/pg_clipfrac": clipfrac,
             "train/entropy_loss": entropy_loss, "train/ppo_kl": ppo_kl, "train/grad_norm": grad_norm,
@@ -295,7 +352,10 @@ class TrainerWorker:
             "train/global_batch_size": c.global_batch_size,
         }
         timers = {"data_preprocess_time": preprocess, "actor_train_time": actor_train, "total_tokens": total_tokens,
-                  "tflops": 6.0 * params * total_tokens / max(actor_train, 1e-9) / 1e12}
+                  "actor_train_tflops": 3.0 * fwd_tflop_per_gpu / max(actor_train, 1e-9),
+                  "log_probs_time": log_probs_time, "log_probs_tflops": fwd_tflop_per_gpu / max(log_probs_time, 1e-9)}
+        if ref_time is not None:
+            timers.update(ref_log_probs_time=ref_time, ref_log_probs_tflops=fwd_tflop_per_gpu / max(ref_time, 1e-9))
         return {"record": record, "timers": timers, "advantages": float(advantages.mean())}
 
 
@@ -351,9 +411,14 @@ def _drive(config: SmokeConfig, emit, should_stop, rollout, trainer, call) -> in
             "rollout/response_len/mean": statistics.fmean(lengths), "rollout/response_len/max": max(lengths),
             "rollout/response_len/min": min(lengths), "rollout/response_len/median": statistics.median(lengths),
         })))
+        effective = [int(n) for n in response_loss_mask(lengths, max(lengths)).sum(-1)]
+        per_second = 1.0 / max(rollout_time, 1e-9)
         emit(f"perf {step}: " + repr(_round({
             "perf/rollout_time": rollout_time,
-            "perf/tokens_per_gpu_per_sec": sum(totals) / max(rollout_time, 1e-9) / config.gpus,
+            "perf/tokens_per_gpu_per_sec": sum(lengths) * per_second / config.gpus,
+            "perf/longest_sample_tokens_per_sec": max(lengths) * per_second,
+            "perf/effective_tokens_per_gpu_per_sec": sum(effective) * per_second / config.gpus,
+            "perf/longest_effective_sample_tokens_per_sec": max(effective) * per_second,
         })))
 
         train_started = time.perf_counter()
@@ -363,14 +428,19 @@ def _drive(config: SmokeConfig, emit, should_stop, rollout, trainer, call) -> in
         emit(f"step {step}: " + repr(_round(record)))
         timers = result["timers"]
         step_time = time.perf_counter() - step_started
-        emit(f"perf {step}: " + repr(_round({
+        train_perf = {
             "perf/step_time": step_time, "perf/train_time": train_time,
             "perf/actor_train_time": timers["actor_train_time"], "perf/update_weights_time": update_weights,
             "perf/train_wait_time": rollout_time + update_weights, "perf/data_preprocess_time": timers["data_preprocess_time"],
             "perf/actor_train_tok_per_s": timers["total_tokens"] / max(timers["actor_train_time"], 1e-9),
-            "perf/actor_train_tflops": timers["tflops"],
+            "perf/actor_train_tflops": timers["actor_train_tflops"],
+            "perf/log_probs_time": timers["log_probs_time"], "perf/log_probs_tflops": timers["log_probs_tflops"],
             "perf/wait_time_ratio": (rollout_time + update_weights) / max(step_time, 1e-9),
-        })))
+        }
+        if "ref_log_probs_time" in timers:  # only with a reference model (KL loss on)
+            train_perf.update({"perf/ref_log_probs_time": timers["ref_log_probs_time"],
+                               "perf/ref_log_probs_tflops": timers["ref_log_probs_tflops"]})
+        emit(f"perf {step}: " + repr(_round(train_perf)))
         done += 1
     return done
 

@@ -79,6 +79,64 @@ def test_records_routes_and_marker_lines():
     assert any("framework=smoke-rollout target=rollout module=attention requested=rl_kernel actual=rlkernel." in l for l in routes)
 
 
+# reference section 4.1: the perf keys of VIME's two per-step perf lines, by the line that carries them
+PERF_ROLLOUT_KEYS = ("perf/rollout_time", "perf/tokens_per_gpu_per_sec", "perf/effective_tokens_per_gpu_per_sec",
+                     "perf/longest_sample_tokens_per_sec", "perf/longest_effective_sample_tokens_per_sec")
+PERF_TRAIN_KEYS = ("perf/step_time", "perf/train_time", "perf/train_wait_time", "perf/wait_time_ratio",
+                   "perf/update_weights_time", "perf/data_preprocess_time", "perf/actor_train_time",
+                   "perf/actor_train_tok_per_s", "perf/actor_train_tflops", "perf/log_probs_time", "perf/log_probs_tflops")
+PERF_REF_KEYS = ("perf/ref_log_probs_time", "perf/ref_log_probs_tflops")  # only with a reference model (KL loss)
+
+
+def perf_lines(lines):
+    """{step: (rollout-side perf payload, train-side perf payload)}, told apart as kit's reader does."""
+    by_step = {}
+    for r in parse_records(lines):
+        if r.kind == "perf":
+            by_step.setdefault(r.step, []).append(r.payload)
+    assert all(len(pair) == 2 for pair in by_step.values())
+    return by_step
+
+
+@pytest.mark.parametrize("use_kl", [False, True])
+def test_perf_records_carry_every_reference_perf_key(use_kl):
+    doc = arm()
+    if use_kl:
+        doc["workload"]["kl"] = {"use_kl_loss": True, "coef": 0.01}
+    lines = run(doc, 2)
+    train_keys = PERF_TRAIN_KEYS + (PERF_REF_KEYS if use_kl else ())
+    by_step = perf_lines(lines)
+    assert sorted(by_step) == [0, 1]
+    for rollout_side, train_side in by_step.values():
+        assert set(rollout_side) == set(PERF_ROLLOUT_KEYS)
+        assert set(train_side) == set(train_keys)
+        for payload in (rollout_side, train_side):
+            assert all(isinstance(v, float) and v > 0 for v in payload.values()), payload
+        # the logp recompute is the actor's training forward, so it lies inside actor_train_time
+        assert train_side["perf/log_probs_time"] <= train_side["perf/actor_train_time"]
+        # every generated token is in the loss mask: effective throughputs equal the raw ones
+        assert rollout_side["perf/effective_tokens_per_gpu_per_sec"] == rollout_side["perf/tokens_per_gpu_per_sec"]
+    all_keys = set(PERF_ROLLOUT_KEYS + PERF_TRAIN_KEYS + PERF_REF_KEYS)
+    assert len(all_keys) == 18
+    printed = set().union(*(set(a) | set(b) for a, b in by_step.values()))
+    assert all_keys - printed == (set() if use_kl else set(PERF_REF_KEYS))
+
+
+def test_forward_flops_counts_the_model_matmuls():
+    from rlk_kernels.model import ModelConfig
+    from rlk_kernels.smoke import forward_flops
+    cfg = ModelConfig.smoke()
+    one, two = forward_flops(cfg, [1]), forward_flops(cfg, [2])
+    # params of the matmuls (embedding lookup excluded) x 2 per token, plus causal attention
+    matmul_params = sum(cfg.hidden * n for n in (cfg.heads * cfg.head_dim, 2 * cfg.query_groups * cfg.head_dim,
+                                                  cfg.heads * cfg.head_dim, 3 * cfg.ffn_hidden)) * cfg.layers
+    matmul_params += cfg.hidden * cfg.padded_vocab
+    attention_per_key = 4 * cfg.heads * cfg.head_dim * cfg.layers
+    assert one == 2 * matmul_params + attention_per_key
+    assert two == 4 * matmul_params + 3 * attention_per_key
+    assert forward_flops(cfg, [1, 2]) == one + two
+
+
 def test_reward_improves_with_training():
     lines = run(ARM, 40)
     rewards = [r.payload["rollout/raw_reward"] for r in parse_records(lines) if r.kind == "rollout"]
