@@ -30,6 +30,31 @@ def default_manifests_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "manifests"
 
 
+# default of ``flag``: name the option or argument of the running command that carried the value
+FROM_COMMAND_LINE = "<from the command line>"
+
+
+def command_line_source(value: str) -> str | None:
+    """The option (``--arm``) or argument (``B``) of the running click command that carried ``value``.
+
+    Errors name the flag a user typed; the catalog is also used outside any command, and then (or when
+    no parameter holds the value) this is None.
+    """
+    import sys
+
+    click = sys.modules.get("click")  # only a running CLI has imported it
+    ctx = click.get_current_context(silent=True) if click is not None else None
+    while ctx is not None:
+        for param in ctx.command.params:
+            held = ctx.params.get(param.name)
+            if held == value or (isinstance(held, (list, tuple)) and value in held):
+                if isinstance(param, click.Option):
+                    return max(param.opts, key=len)
+                return param.human_readable_name
+        ctx = ctx.parent
+    return None
+
+
 @dataclass
 class Catalog:
     directory: Path
@@ -103,11 +128,22 @@ class Catalog:
     def arm_names(self) -> list[str]:
         return sorted(self.all_arm_documents())
 
-    def arm(self, name: str) -> Arm:
+    def arm(self, name: str, *, flag: str | None = FROM_COMMAND_LINE) -> Arm:
+        """The named arm. ``flag`` is the option or argument the name came from, named in the error;
+        by default it is found on the running command line (``--arm`` for ``kit plan --arm nope``),
+        ``None`` names none."""
         entry = self.all_arm_documents().get(name)
         if entry is None:
-            raise BadInput(f"unknown arm {name!r}; arms in {self.directory}: {', '.join(self.arm_names()) or 'none'}")
+            raise self._unknown_arm(name, flag, files=False)
         return self.arm_from_document(*entry)
+
+    def _unknown_arm(self, name: str, flag: str | None, *, files: bool) -> BadInput:
+        if flag is FROM_COMMAND_LINE:
+            flag = command_line_source(name)
+        given = f" given to {flag}" if flag else ""
+        accepted = "an arm file (*.json) or one of the arms" if files else "the arms"
+        return BadInput(f"unknown arm {name!r}{given}; accepted: {accepted} in {self.directory}: "
+                        f"{', '.join(self.arm_names()) or 'none'}")
 
     def arm_from_document(self, doc: dict, source: str, *, check_rules: bool = True) -> Arm:
         require_valid(doc, source, "arm")
@@ -119,11 +155,13 @@ class Catalog:
                 raise BadInput(f"{source}: {shown}")
         return Arm(doc["name"], doc, stack, source)
 
-    def arm_ref(self, ref: str) -> Arm:
+    def arm_ref(self, ref: str, *, flag: str | None = FROM_COMMAND_LINE) -> Arm:
         """An arm by name, or by the path of an arm file (whose directory supplies its stacks)."""
         path = Path(ref)
         if ref.endswith(".json") or os.sep in ref or path.exists():
             doc = read_json_file(path)
             catalog = self if path.resolve().parent == self.directory.resolve() else Catalog.load(path.resolve().parent)
             return catalog.arm_from_document(doc, str(path))
-        return self.arm(ref)
+        if ref not in self.all_arm_documents():
+            raise self._unknown_arm(ref, flag, files=True)
+        return self.arm(ref, flag=flag)

@@ -463,6 +463,35 @@ def check_prompt_data(ctx: Context) -> Check:
                  "--accept-new-hash to kit prepare", details)
 
 
+def select_checkpoint(ws, arm: ArmSpec, platform: str | None = None) -> tuple[Path | None, dict | None, str]:
+    """The converted checkpoint this arm would use: ``(provenance path, document, how it was chosen)``.
+
+    Only checkpoints whose provenance names the arm's full stack sha256 qualify (the directory name
+    holds only 12 hex digits of it). Among several (other models, other platforms), the one of the
+    host's platform is preferred, then the most recently converted; the note says so. A provenance
+    that does not read is skipped here; ``(None, None, note)`` when none qualifies.
+    """
+    from kit.prepare import read_provenance
+
+    candidates = []
+    for path in sorted((ws.root / "checkpoints").glob("*.provenance.json")):
+        try:
+            doc = read_provenance(path, "checkpoint")
+        except BadInput:
+            continue
+        if doc["stack"]["sha256"] == arm.stack_sha256:
+            candidates.append((path, doc))
+    if not candidates:
+        return None, None, "none converted with this stack"
+    if platform is not None and any(d["platform"] == platform for _, d in candidates):
+        candidates = [(p, d) for p, d in candidates if d["platform"] == platform]
+    candidates.sort(key=lambda pd: (pd[1]["created_at"], pd[0].name))
+    path, doc = candidates[-1]
+    note = "" if len(candidates) == 1 else (f"; the newest of {len(candidates)} checkpoints of stack "
+                                            f"{arm.stack_name} for {doc['platform']}")
+    return path, doc, note
+
+
 def check_checkpoint(ctx: Context) -> Check:
     name = "inputs.checkpoint"
     arm = ctx.arm
@@ -473,24 +502,93 @@ def check_checkpoint(ctx: Context) -> Check:
     if ctx.workspace is None:
         return Check(name, FAIL, "no workspace: pass --workspace or set KIT_WORKSPACE")
     from kit.inputs import hash_tree, tree_sha256
-    from kit.prepare import Workspace, read_provenance
+    from kit.prepare import Workspace
 
     ws = Workspace(ctx.workspace)
-    found = sorted((ws.root / "checkpoints").glob(f"torch_dist-{arm.stack_sha256[:12]}-*.provenance.json"))
-    if not found:
-        return Check(name, FAIL, f"no torch_dist checkpoint converted with stack {arm.stack_name} in "
-                     f"{ws.root / 'checkpoints'}; run kit prepare --workspace {ws.root} --model PATH "
-                     f"--convert-checkpoint --arm {arm.name}")
+    where, doc, note = select_checkpoint(ws, arm, ctx.platform)
+    if doc is None:
+        return Check(name, FAIL, f"no torch_dist checkpoint converted with stack {arm.stack_name} "
+                     f"({arm.stack_sha256[:12]}) in {ws.root / 'checkpoints'}; run kit prepare --workspace "
+                     f"{ws.root} --model PATH --convert-checkpoint --arm {arm.name}")
     try:
-        doc = read_provenance(found[-1], "checkpoint")
         actual = tree_sha256(hash_tree(ws.root / doc["output"], ws.hash_cache))
     except BadInput as exc:
-        return Check(name, FAIL, str(exc))
+        return Check(name, FAIL, str(exc), {"provenance": str(where)})
     if actual != doc["tree_sha256"]:
         return Check(name, FAIL, f"{doc['output']} tree sha256 {actual} differs from its provenance "
-                     f"{doc['tree_sha256']}")
+                     f"{doc['tree_sha256']}", {"provenance": str(where)})
     return Check(name, PASS, f"{doc['output']} tree sha256 {actual[:12]}... as converted "
-                 f"(model {doc['model_tree_sha256'][:12]}...)", {"provenance": str(found[-1])})
+                 f"(model {doc['model_tree_sha256'][:12]}...){note}", {"provenance": str(where)})
+
+
+def select_model(ws, arm: ArmSpec, platform: str | None = None) -> tuple[list[tuple[Path, dict]], str]:
+    """The model provenance(s) the arm's inputs name, and how they were chosen.
+
+    The model is the one the arm's checkpoint (:func:`select_checkpoint`) was converted from; without
+    such a checkpoint, every model provenance of the workspace (usually one) is checked.
+    """
+    from kit.prepare import read_provenance
+
+    _, checkpoint, _ = select_checkpoint(ws, arm, platform)
+    if checkpoint is not None:
+        path = ws.model_provenance(checkpoint["model_tree_sha256"])
+        return [(path, read_provenance(path, "model"))] if path.exists() else [], (
+            f"the model of checkpoint {checkpoint['output']}")
+    found = []
+    for path in sorted(ws.provenance_dir.glob("model-*.json")):
+        found.append((path, read_provenance(path, "model")))
+    return found, "no checkpoint of this stack names one; every hashed model of the workspace"
+
+
+def compare_model_files(recorded: dict[str, str], observed: dict[str, str]) -> list[str]:
+    """Per-file differences between a model provenance and a re-hash, one line each, sorted."""
+    out = [f"{n}: missing" for n in sorted(set(recorded) - set(observed))]
+    out += [f"{n}: not in the provenance" for n in sorted(set(observed) - set(recorded))]
+    out += [f"{n}: sha256 {observed[n][:12]}... differs from {recorded[n][:12]}..."
+            for n in sorted(set(recorded) & set(observed)) if recorded[n] != observed[n]]
+    return sorted(out)
+
+
+def check_model(ctx: Context) -> Check:
+    """Re-hash the Hugging Face model the workspace's provenance names (per file, cached) and compare."""
+    name = "inputs.model"
+    arm = ctx.arm
+    if arm is None:
+        return Check(name, SKIP, "no --arm: whether a Hugging Face model is needed depends on the arm")
+    if arm.engine == "smoke":
+        return Check(name, SKIP, f"arm {arm.name} uses the smoke engine's built-in model")
+    if ctx.workspace is None:
+        return Check(name, FAIL, "no workspace: pass --workspace or set KIT_WORKSPACE")
+    from kit.inputs import hash_tree, tree_sha256
+    from kit.prepare import Workspace
+
+    ws = Workspace(ctx.workspace)
+    try:
+        models, chosen = select_model(ws, arm, ctx.platform)
+    except BadInput as exc:
+        return Check(name, FAIL, str(exc))
+    if not models:
+        return Check(name, FAIL, f"no hashed Hugging Face model in {ws.provenance_dir} ({chosen}); run kit prepare "
+                     f"--workspace {ws.root} --no-dataset --model PATH")
+    passed = []
+    for where, doc in models:
+        model_dir = Path(doc["path"])
+        details = {"provenance": str(where), "path": str(model_dir)}
+        if not model_dir.is_dir():
+            return Check(name, FAIL, f"{model_dir} (hashed in {where.name}) is gone", details)
+        try:
+            observed = hash_tree(model_dir, ws.hash_cache)
+        except BadInput as exc:
+            return Check(name, FAIL, str(exc), details)
+        differences = compare_model_files(doc["files"], observed)
+        if differences:
+            shown = "; ".join(differences[:4]) + (f" and {len(differences) - 4} more" if len(differences) > 4 else "")
+            return Check(name, FAIL, f"{model_dir} changed since kit prepare hashed it ({where.name}): {shown}",
+                         {**details, "differences": differences})
+        passed.append((model_dir, tree_sha256(observed)))
+    shown = ", ".join(f"{d} tree sha256 {t[:12]}..." for d, t in passed)
+    return Check(name, PASS, f"{shown}: every file hashes as recorded ({chosen})",
+                 {"provenance": [str(w) for w, _ in models]})
 
 
 # --- the table ------------------------------------------------------------------------------------
@@ -529,7 +627,7 @@ CHECKS: tuple[tuple[str, Callable[[Context], list[Check]]], ...] = (
     ("space", _space_checks),
     ("ray", _ray_checks),
     ("image", lambda ctx: [check_arm_image(ctx)]),
-    ("inputs", lambda ctx: [check_prompt_data(ctx), check_checkpoint(ctx)]),
+    ("inputs", lambda ctx: [check_prompt_data(ctx), check_model(ctx), check_checkpoint(ctx)]),
 )
 
 

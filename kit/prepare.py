@@ -8,10 +8,20 @@ temporary file, are hashed and checked, and are then linked into place. Example:
     result.document["output_sha256"]          # '73e2166517fd...' for the published parquet
 
 **Which output hash is expected.** The reference study pinned the converted JSONL's sha256 (§11.6) but
-not the parquet's. So the expectation applies when the source *is* the published URL, or when a local
-file's sha256 equals a parquet hash known to be the published one (``PUBLISHED_PARQUET_SHA256``; the
-hub states it in its LFS ETag, and the provenance of a published download records it). Any other source
-(a local export, a mirror) has no expectation and is recorded as such.
+not the parquet's, so a local copy or a mirror cannot be recognised as the published file by its own
+hash. The rule is therefore about the output: every source that converts at all has the five columns
+of the DAPO-Math-17k parquet, and the kit's VIME arms consume the result *as* DAPO-Math-17k, so every
+source is expected to convert to the published JSONL hash ``PUBLISHED_OUTPUT_SHA256``. A different
+hash is refused (CheckFailed, exit 1; the output is kept only as ``*.rejected-<sha12>``) unless the
+caller passes ``accept_new_hash`` (``--accept-new-hash``), which the provenance records as
+``accepted_new_hash: true`` beside ``expected_output_sha256`` and ``output_sha256``; whether the data
+match the published conversion is ``output_sha256 == expected_output_sha256``
+(:func:`matches_published_output`).
+
+**Inputs are checked before anything is written.** :func:`check_dataset_source`, :func:`check_model_dir`
+and :func:`find_conversion_image` read only; ``kit prepare`` calls them for every requested product
+before it creates the workspace. The only files a failed run can leave are caches, by design: the
+per-file hash cache ``cache/hashes.json`` and a ``downloads/*.partial`` that the next run resumes.
 """
 
 from __future__ import annotations
@@ -36,11 +46,11 @@ PROVENANCE_SCHEMA = schema_id("provenance")
 PUBLISHED_URL = ("https://huggingface.co/datasets/BytedTsinghua-SIA/DAPO-Math-17k/"
                  "resolve/main/data/train-00000-of-00001.parquet")
 PUBLISHED_OUTPUT_SHA256 = "73e2166517fd635e1157aff17202f86a5cced44ca1669e6f49d2d63a59bf509d"
-# sha256 of parquet files known to be the published train split. The reference pinned none; add the
-# hub's LFS sha256 (recorded as source_sha256 in a published download's provenance) once observed.
+# sha256 of parquet files known to be the published train split. Neither the reference study nor any
+# other source consulted states it; add the hub's LFS sha256 (a published download's provenance records
+# it as source_sha256, checked against the hub's ETag) once observed. Only informative: the expected
+# output hash does not depend on it (see the module docstring).
 PUBLISHED_PARQUET_SHA256: frozenset[str] = frozenset()
-# source -> expected output sha256; the default table holds only the published URL.
-DEFAULT_EXPECTATIONS: dict[str, str] = {PUBLISHED_URL: PUBLISHED_OUTPUT_SHA256}
 
 COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
 RECORD_FIELDS = ("prompt", "label", "data_source", "ability", "source_index", "reward_style")
@@ -107,18 +117,27 @@ def is_url(source: str) -> bool:
 
 
 def expected_output_sha256(source: str, source_sha256: str,
-                           expectations: dict[str, str] | None = None) -> str | None:
-    """The output hash a source must convert to, or None when the source is not the published one.
+                           expectations: dict[str, str] | None = None) -> str:
+    """The output hash a source must convert to: the published JSONL's, for every DAPO-shaped source.
 
-    >>> expected_output_sha256(PUBLISHED_URL, "ab" * 32) == PUBLISHED_OUTPUT_SHA256
+    ``expectations`` (source -> sha256) overrides it for named sources; tests use it.
+
+    >>> expected_output_sha256("/data/mirror.parquet", "ab" * 32) == PUBLISHED_OUTPUT_SHA256
     True
     """
-    table = DEFAULT_EXPECTATIONS if expectations is None else expectations
-    if source in table:
-        return table[source]
-    if source_sha256 in PUBLISHED_PARQUET_SHA256:
-        return PUBLISHED_OUTPUT_SHA256
-    return None
+    if expectations and source in expectations:
+        return expectations[source]
+    return PUBLISHED_OUTPUT_SHA256
+
+
+def matches_published_output(document: dict) -> bool:
+    """Whether a dataset provenance's data are byte for byte the published DAPO-Math-17k conversion."""
+    return document.get("output_sha256") == PUBLISHED_OUTPUT_SHA256
+
+
+def is_known_published_parquet(location: str, source_sha256: str) -> bool:
+    """The published URL, or a file whose sha256 is a known published parquet hash."""
+    return location == PUBLISHED_URL or source_sha256 in PUBLISHED_PARQUET_SHA256
 
 
 # --- parquet -> JSONL (pure conversion) --------------------------------------------------------
@@ -133,8 +152,8 @@ class ConversionCounts:
         return self.rows_read - self.rows_written
 
 
-def read_rows(source: Path, batch_size: int = 4096) -> Iterator[dict]:
-    """The five columns of a DAPO parquet file, row by row; BadInput when the file cannot serve them."""
+def open_parquet(source: Path):
+    """The parquet file, after checking it is readable and has the five DAPO columns (reads no rows)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -151,6 +170,14 @@ def read_rows(source: Path, batch_size: int = 4096) -> Iterator[dict]:
     if missing:
         raise BadInput(f"{source}: missing column(s) {', '.join(missing)}; "
                        f"a DAPO-Math-17k parquet has {', '.join(COLUMNS)}")
+    return parquet
+
+
+def read_rows(source: Path, batch_size: int = 4096) -> Iterator[dict]:
+    """The five columns of a DAPO parquet file, row by row; BadInput when the file cannot serve them."""
+    import pyarrow as pa
+
+    parquet = open_parquet(source)
     try:
         for batch in parquet.iter_batches(batch_size=batch_size, columns=list(COLUMNS)):
             yield from batch.to_pylist()
@@ -256,14 +283,14 @@ def prepare_dataset(
             output_sha256 = hash_file_cached(tmp)
             expected = expected_output_sha256(location, source_sha256, expectations)
             accepted = False
-            if expected and output_sha256 != expected:
+            if output_sha256 != expected:
                 if not accept_new_hash:
                     rejected = ws.data.with_name(f"{ws.data.name}.rejected-{_short(output_sha256)}")
                     os.replace(tmp, rejected)
                     raise CheckFailed(
-                        f"{location}: converted data have sha256 {output_sha256}, the published source gives "
-                        f"{expected}; kept for inspection as {rejected}; pass --accept-new-hash to use it "
-                        "(recorded in the provenance)")
+                        f"--dataset-source {location}: converted data have sha256 {output_sha256}, not the "
+                        f"published DAPO-Math-17k conversion {expected}; kept for inspection as {rejected}; "
+                        "pass --accept-new-hash to use it anyway (recorded in the provenance)")
                 accepted = True
             try:
                 os.link(tmp, ws.data)  # exclusive: never replaces data someone else just wrote
@@ -333,14 +360,37 @@ def _fetch_source(ws: Workspace, source: str, progress, cache) -> tuple[str, Pat
         dest = ws.download_path(source)
         if dest.is_file():  # only ever renamed into place after a complete, verified transfer
             return source, dest, "verified-download"
-        got = download(source, dest, progress=progress)
+        try:
+            got = download(source, dest, progress=progress)
+        except BadInput as exc:
+            raise BadInput(f"--dataset-source {exc}") from None
         return source, got.path, got.checksum_source
-    if urlparse(source).scheme not in ("", "file"):
-        raise BadInput(f"--dataset-source {source}: unsupported scheme; give an http(s) URL or a local path")
-    path = Path(urlparse(source).path if source.startswith("file:") else source)
+    path = local_source_path(source)
     if not path.exists():
         raise BadInput(f"--dataset-source {path}: no such file (expected the DAPO-Math-17k parquet)")
     return str(path.resolve()), path, None
+
+
+def local_source_path(source: str) -> Path:
+    """The path of a local ``--dataset-source`` (plain or ``file:``); BadInput for other schemes."""
+    if urlparse(source).scheme not in ("", "file"):
+        raise BadInput(f"--dataset-source {source}: unsupported scheme; give an http(s) URL or a local path")
+    return Path(urlparse(source).path if source.startswith("file:") else source)
+
+
+def check_dataset_source(source: str) -> None:
+    """Read-only check of ``--dataset-source`` before anything is written.
+
+    A local file must be a readable parquet with the five DAPO columns; a URL must be http(s) (its
+    bytes are checked when downloaded). BadInput names the flag.
+    """
+    if is_url(source):
+        return
+    path = local_source_path(source)
+    try:
+        open_parquet(path)
+    except BadInput as exc:
+        raise BadInput(f"--dataset-source {exc}") from None
 
 
 def read_provenance(path: Path, kind: str) -> dict:
@@ -352,16 +402,28 @@ def read_provenance(path: Path, kind: str) -> dict:
 
 # --- the model step --------------------------------------------------------------------------------
 
-def prepare_model(workspace: Path, model_dir: Path) -> Prepared:
-    """Hash a Hugging Face checkpoint file by file and record it; needs at least one weight file."""
-    ws = Workspace(Path(workspace))
+def check_model_dir(model_dir: Path) -> list[str]:
+    """The weight files of a Hugging Face checkpoint directory; BadInput naming --model otherwise."""
     model_dir = Path(model_dir)
+    if not model_dir.exists():
+        raise BadInput(f"--model {model_dir}: no such directory (expected a Hugging Face checkpoint)")
     if not model_dir.is_dir():
         raise BadInput(f"--model {model_dir}: not a directory (expected a Hugging Face checkpoint)")
     names = list_tree(model_dir)
     weights = [n for n in names if n.endswith(WEIGHT_SUFFIXES)]
     if not weights:
         raise BadInput(f"--model {model_dir}: no weights (*.safetensors or *.bin) among {len(names)} file(s)")
+    unreadable = [n for n in names if not os.access(model_dir / n, os.R_OK)]
+    if unreadable:
+        raise BadInput(f"--model {model_dir}: {len(unreadable)} file(s) not readable, e.g. {unreadable[0]}")
+    return weights
+
+
+def prepare_model(workspace: Path, model_dir: Path) -> Prepared:
+    """Hash a Hugging Face checkpoint file by file and record it; needs at least one weight file."""
+    ws = Workspace(Path(workspace))
+    model_dir = Path(model_dir)
+    weights = check_model_dir(model_dir)
     files = hash_tree(model_dir, ws.hash_cache)
     digest = tree_sha256(files)
     where = ws.model_provenance(digest)
@@ -426,6 +488,49 @@ def conversion_command(stack_document: dict, output_dir: str) -> list[str]:
     return ["bash", "-lc", script]
 
 
+DOCKER_HINT = ("start one (`nohup dockerd >/tmp/dockerd.log 2>&1 &` where there is no systemd) "
+               "or set DOCKER_HOST to an engine that answers")
+
+
+def check_conversion_request(arm_name: str, arm_document: dict, stack_document: dict, platform: str) -> None:
+    """BadInput naming the flag when the arm is not a vime arm, the platform is not a GPU one or the
+    stack lacks the converter's sources. Reads nothing."""
+    if arm_document.get("engine") != "vime":
+        raise BadInput(f"--arm {arm_name}: engine {arm_document.get('engine')!r} uses no Megatron checkpoint; "
+                       "--convert-checkpoint needs a vime arm")
+    if platform not in ("cuda", "rocm"):
+        raise BadInput(f"--platform {platform}: the converter runs on cuda or rocm")
+    stack_source_names(stack_document)
+
+
+def find_conversion_image(arm_name: str, arm_document: dict, stack_document: dict, stack_sha256: str,
+                          platform: str = "cuda"):
+    """The arm's image for the in-image conversion, after every read-only check of the request.
+
+    BadInput (exit 2) naming the flag when the request is unusable (:func:`check_conversion_request`),
+    no Docker engine answers (naming --convert-checkpoint, dockerd and DOCKER_HOST), or the image is
+    not built (naming the ``kit build`` command that makes it).
+    """
+    check_conversion_request(arm_name, arm_document, stack_document, platform)
+    stack_name = stack_document.get("name", arm_document["stack"]["name"])
+
+    from kit.doctor import find_stack_image
+
+    try:
+        import docker
+
+        client = docker.from_env(timeout=20)
+        client.ping()
+        image = find_stack_image(stack_name, stack_sha256, platform, client)
+    except Exception as exc:  # docker-py raises several types (DockerException, requests errors) for "no engine"
+        raise BadInput(f"--convert-checkpoint: no Docker engine answers ({_first_line(exc)[:200]}); "
+                       f"the conversion runs inside the arm's image: {DOCKER_HINT}") from None
+    if image is None:
+        raise BadInput(f"image not built: no rlk-kit/{stack_name}:{platform}-* image for stack {stack_name} "
+                       f"(sha256 {stack_sha256}) on the Docker engine; run kit build {platform} --arm {arm_name}")
+    return image
+
+
 def convert_checkpoint(
     workspace: Path,
     *,
@@ -436,17 +541,14 @@ def convert_checkpoint(
     model: Prepared,
     platform: str = "cuda",
     progress: TextIO | None = None,
+    image=None,
 ) -> Prepared:
     """Run the converter inside the arm's image (docker-py) and record command and output tree hash.
 
-    Refuses with BadInput (exit 2) when the arm's image is not on the engine, naming the expected
-    image and the ``kit build`` command that makes it.
+    ``image`` is the one :func:`find_conversion_image` found; without it the lookup happens here.
+    Refuses with BadInput (exit 2) when no engine answers or the arm's image is not on the engine,
+    naming the expected image and the ``kit build`` command that makes it.
     """
-    if arm_document.get("engine") != "vime":
-        raise BadInput(f"--arm {arm_name}: engine {arm_document.get('engine')!r} uses no Megatron checkpoint; "
-                       "--convert-checkpoint needs a vime arm")
-    if platform not in ("cuda", "rocm"):
-        raise BadInput(f"--platform {platform}: the converter runs on cuda or rocm")
     stack_name = stack_document.get("name", arm_document["stack"]["name"])
     ws = Workspace(Path(workspace))
     final = ws.checkpoint_dir(stack_sha256, model.document["tree_sha256"])
@@ -455,13 +557,8 @@ def convert_checkpoint(
         return Prepared("checkpoint", final, record, read_provenance(record, "checkpoint"), reused=True)
     if final.exists():
         raise BadInput(f"{final}: exists without its provenance; remove it and run again")
-
-    from kit.doctor import find_stack_image
-
-    image = find_stack_image(stack_name, stack_sha256, platform)
     if image is None:
-        raise BadInput(f"image not built: no rlk-kit/{stack_name}:{platform}-* image for stack {stack_name} "
-                       f"(sha256 {stack_sha256}) on the Docker engine; run kit build {platform} --arm {arm_name}")
+        image = find_conversion_image(arm_name, arm_document, stack_document, stack_sha256, platform)
 
     partial = final.with_name(f".{final.name}.partial")
     if partial.exists():

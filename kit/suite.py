@@ -165,7 +165,7 @@ def run_id_for(suite_id: str, arm_name: str) -> str:
 
 
 def module_specs(catalog, base: MatrixBase, suite_id: str) -> tuple[ArmSpec, ...]:
-    return tuple(ArmSpec(code, catalog.arm(base.arm_name(code)), run_id_for(suite_id, base.arm_name(code)))
+    return tuple(ArmSpec(code, catalog.arm(base.arm_name(code), flag=None), run_id_for(suite_id, base.arm_name(code)))
                  for code in MODULE_ORDER)
 
 

@@ -171,8 +171,8 @@ def test_unparseable_lines_become_arm_notes(tmp_path):
     n = len(log.read_text().splitlines())
     assert [u.line_number for u in arm.unparseable] == [n]
     assert any("1 record line(s)" in note and f"line {n}" in note for note in arm.notes)
-    assert arm.unparseable_messages() == [f"{log}:{n}: perf 9 record does not parse "
-                                          "(not a literal: names or calls other than inf/nan); skipped"]
+    assert arm.unparseable_messages() == [(f"{log}:{n}: perf 9 record does not parse "
+                                           "(not a literal: names or calls other than inf/nan); skipped")]
 
 
 def test_a_log_whose_every_record_line_is_unparseable_is_bad_input(tmp_path):

@@ -23,7 +23,7 @@ ROLLOUTS = 3
 
 
 def kit(*args, env=None, timeout=600):
-    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, check=False,
                           env=dict(os.environ, **(env or {})), timeout=timeout)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -29,6 +30,7 @@ from kit.doctor import (
     Gpu,
     check_arm_image,
     check_checkpoint,
+    check_model,
     check_prompt_data,
     find_stack_image,
     judge_docker,
@@ -43,8 +45,8 @@ from kit.doctor import (
 )
 from kit.documents import schema_problems
 from kit.inputs import hash_tree, tree_sha256
-from kit.prepare import PUBLISHED_OUTPUT_SHA256, Workspace, prepare_dataset
-from fixtures_prepare import write_parquet
+from kit.prepare import PUBLISHED_OUTPUT_SHA256, Workspace, prepare_dataset, prepare_model
+from fixtures_prepare import EXPECTED_JSONL, make_model, write_parquet
 
 GiB = 1 << 30
 HAS_GPU = shutil.which("nvidia-smi") is not None or os.path.exists("/dev/kfd")
@@ -167,7 +169,19 @@ def test_smoke_arm_on_this_host(tmp_path):
 
 def test_unknown_arm_is_bad_input():
     code, out = run_kit("doctor", "--arm", "no-such-arm")
-    assert code == 2 and "no-such-arm" in out
+    # the message names the flag and the accepted names
+    assert code == 2 and "unknown arm 'no-such-arm' given to --arm; accepted: the arms in" in out
+    assert "G10" in out and "smoke" in out
+
+
+def test_unknown_arm_names_the_argument_it_came_from():
+    from kit.catalog import Catalog
+    from kit.errors import BadInput
+
+    with pytest.raises(BadInput, match=r"^unknown arm 'zz'; accepted"):  # no command line: no flag
+        Catalog.default().arm("zz")
+    result = CliRunner().invoke(cli, ["compare", "native", "no-such-arm"])
+    assert result.exit_code == 2 and "unknown arm 'no-such-arm' given to B;" in result.output
 
 
 def test_image_lookup_on_real_engine():
@@ -284,12 +298,14 @@ def test_prompt_data_against_the_published_hash(tmp_path):
     assert check_prompt_data(Context(arm=arm)).status == FAIL
     assert check_prompt_data(Context(arm=smoke_arm(), workspace=ws)).status == SKIP
 
-    prepare_dataset(ws, source=str(src))
+    # a provenance that expects its own (non-published) hash and records no acceptance
+    own = hashlib.sha256(EXPECTED_JSONL.encode()).hexdigest()
+    prepare_dataset(ws, source=str(src), expectations={str(src.resolve()): own})
     local = check_prompt_data(Context(arm=arm, workspace=ws))
     assert local.status == FAIL and PUBLISHED_OUTPUT_SHA256 in local.reason
 
     ws2 = tmp_path / "ws2"
-    prepare_dataset(ws2, source=str(src), accept_new_hash=True, expectations={str(src.resolve()): "f" * 64})
+    prepare_dataset(ws2, source=str(src), accept_new_hash=True)
     accepted = check_prompt_data(Context(arm=arm, workspace=ws2))
     assert accepted.status == PASS and "NOT the published" in accepted.reason
 
@@ -299,28 +315,106 @@ def test_prompt_data_against_the_published_hash(tmp_path):
     assert tampered.status == FAIL and "changed after kit prepare" in tampered.reason
 
 
-def test_checkpoint_against_its_provenance(tmp_path):
+def make_checkpoint(ws: Path, stack_sha256: str, model_tree_sha256: str, created_at="2026-01-01T00:00:00Z",
+                    platform="cuda") -> Path:
+    """A converted checkpoint with its provenance, as kit prepare --convert-checkpoint writes them."""
     from kit.documents import write_new_document
 
-    ws = tmp_path / "ws"
-    arm = vime_arm()
-    assert check_checkpoint(Context(arm=arm, workspace=ws)).status == FAIL
     w = Workspace(ws)
-    ckpt = w.checkpoint_dir(arm.stack_sha256, "9" * 64)
+    ckpt = w.checkpoint_dir(stack_sha256, model_tree_sha256)
+    if platform != "cuda":
+        ckpt = ckpt.with_name(ckpt.name + f"-{platform}")
     (ckpt / "iter_0000001").mkdir(parents=True)
     (ckpt / "iter_0000001" / "__0_0.distcp").write_bytes(os.urandom(512))
     (ckpt / "latest_checkpointed_iteration.txt").write_text("release")
     files = hash_tree(ckpt)
     write_new_document(w.checkpoint_provenance(ckpt), {
-        "schema": "rlk-kit/provenance/v1", "kind": "checkpoint", "created_at": "2026-01-01T00:00:00Z",
-        "kit_version": "0.1.0", "arm": "V1", "stack": {"name": "vime-test", "sha256": arm.stack_sha256},
-        "image": {"ref": "rlk-kit/vime-test:cuda-0123456789ab", "id": "sha256:" + "1" * 64}, "platform": "cuda",
-        "model_tree_sha256": "9" * 64, "command": ["bash", "-lc", "true"],
+        "schema": "rlk-kit/provenance/v1", "kind": "checkpoint", "created_at": created_at,
+        "kit_version": "0.1.0", "arm": "V1", "stack": {"name": "vime-test", "sha256": stack_sha256},
+        "image": {"ref": "rlk-kit/vime-test:cuda-0123456789ab", "id": "sha256:" + "1" * 64}, "platform": platform,
+        "model_tree_sha256": model_tree_sha256, "command": ["bash", "-lc", "true"],
         "output": ckpt.relative_to(ws).as_posix(), "files": files, "tree_sha256": tree_sha256(files)})
+    return ckpt
+
+
+def test_checkpoint_against_its_provenance(tmp_path):
+    ws = tmp_path / "ws"
+    arm = vime_arm()
+    assert check_checkpoint(Context(arm=arm, workspace=ws)).status == FAIL
+    ckpt = make_checkpoint(ws, arm.stack_sha256, "9" * 64)
     assert check_checkpoint(Context(arm=arm, workspace=ws)).status == PASS
     (ckpt / "latest_checkpointed_iteration.txt").write_text("1")
     bad = check_checkpoint(Context(arm=arm, workspace=ws))
     assert bad.status == FAIL and "differs from its provenance" in bad.reason
+
+
+def test_checkpoint_of_the_arms_stack_is_chosen_not_the_last_by_name(tmp_path):
+    ws = tmp_path / "ws"
+    arm = vime_arm()
+    ours = make_checkpoint(ws, arm.stack_sha256, "1" * 64, created_at="2026-01-02T00:00:00Z")
+    # another stack whose sha256 shares the 12 hex digits of the directory name, and sorts last by name
+    other = make_checkpoint(ws, arm.stack_sha256[:12] + "f" * 52, "f" * 64, created_at="2026-03-01T00:00:00Z")
+    assert max(p.name for p in (ws / "checkpoints").iterdir()) == other.name + ".provenance.json"
+    (other / "latest_checkpointed_iteration.txt").write_text("tampered")  # would FAIL if it were chosen
+    check = check_checkpoint(Context(arm=arm, workspace=ws))
+    assert check.status == PASS and ours.name in check.reason, check.reason
+
+    # two checkpoints of the arm's stack (two models): the newest of the host's platform is used, and said so
+    newer = make_checkpoint(ws, arm.stack_sha256, "2" * 64, created_at="2026-02-01T00:00:00Z")
+    check = check_checkpoint(Context(arm=arm, workspace=ws))
+    assert check.status == PASS and newer.name in check.reason and "newest of 2 checkpoints" in check.reason
+
+
+def test_model_is_rehashed_and_compared(tmp_path):
+    ws = tmp_path / "ws"
+    arm = vime_arm()
+    assert check_model(Context(arm=smoke_arm(), workspace=ws)).status == SKIP
+    assert check_model(Context(arm=None, workspace=ws)).status == SKIP
+    assert check_model(Context(arm=arm)).status == FAIL
+    missing = check_model(Context(arm=arm, workspace=ws))
+    assert missing.status == FAIL and "kit prepare" in missing.reason and "--model" in missing.reason
+
+    model = make_model(tmp_path / "Qwen3-tiny")
+    tree = prepare_model(ws, model).document["tree_sha256"]
+    ok = check_model(Context(arm=arm, workspace=ws))
+    assert ok.status == PASS and tree[:12] in ok.reason and "every hashed model" in ok.reason
+
+    # same size, new mtime: the cache does not answer, the re-hash finds the change and names the file
+    weight = model / "model-00002-of-00002.safetensors"
+    weight.write_bytes(bytes(b ^ 0xFF for b in weight.read_bytes()))
+    changed = check_model(Context(arm=arm, workspace=ws))
+    assert changed.status == FAIL and "model-00002-of-00002.safetensors: sha256" in changed.reason
+    now = hashlib.sha256(weight.read_bytes()).hexdigest()[:12]
+    then = prepare_model_files(ws, tree)["model-00002-of-00002.safetensors"][:12]
+    assert changed.details["differences"] == [f"model-00002-of-00002.safetensors: sha256 {now}... differs from {then}..."]
+    (model / "extra.bin").write_bytes(b"x")
+    (model / "config.json").unlink()
+    changed = check_model(Context(arm=arm, workspace=ws))
+    assert "config.json: missing" in changed.reason and "extra.bin: not in the provenance" in changed.reason
+
+    shutil.rmtree(model)
+    gone = check_model(Context(arm=arm, workspace=ws))
+    assert gone.status == FAIL and "is gone" in gone.reason
+
+
+def prepare_model_files(ws: Path, tree: str) -> dict:
+    return json.loads(Workspace(ws).model_provenance(tree).read_text())["files"]
+
+
+def test_model_check_follows_the_arms_checkpoint(tmp_path):
+    """With several hashed models, the one the arm's checkpoint was converted from is checked."""
+    ws = tmp_path / "ws"
+    arm = vime_arm()
+    used = make_model(tmp_path / "used")
+    unused = make_model(tmp_path / "unused")
+    used_tree = prepare_model(ws, used).document["tree_sha256"]
+    prepare_model(ws, unused)
+    make_checkpoint(ws, arm.stack_sha256, used_tree)
+    (unused / "config.json").write_text("changed")  # not the arm's model: does not matter
+    check = check_model(Context(arm=arm, workspace=ws))
+    assert check.status == PASS and str(used) in check.reason and str(unused) not in check.reason
+    (used / "config.json").write_text("changed")
+    assert check_model(Context(arm=arm, workspace=ws)).status == FAIL
 
 
 def test_report_document_validates():

@@ -26,6 +26,7 @@ from kit.prepare import (
     Workspace,
     conversion_command,
     expected_output_sha256,
+    matches_published_output,
     prepare_dataset,
     prepare_model,
 )
@@ -49,7 +50,7 @@ def parquet(tmp_path):
 
 def test_conversion_bytes_and_provenance(tmp_path, parquet):
     ws = tmp_path / "ws"
-    result = prepare_dataset(ws, source=str(parquet))
+    result = prepare_dataset(ws, source=str(parquet), accept_new_hash=True)
     assert Workspace(ws).data.read_bytes() == EXPECTED_JSONL.encode("utf-8")
     doc = result.document
     assert schema_problems(doc, "rlk-kit/provenance/v1") == []
@@ -57,20 +58,35 @@ def test_conversion_bytes_and_provenance(tmp_path, parquet):
     assert doc["output_sha256"] == hashlib.sha256(EXPECTED_JSONL.encode()).hexdigest()
     assert doc["source_sha256"] == hashlib.sha256(parquet.read_bytes()).hexdigest()
     assert doc["source"] == str(parquet.resolve())
-    assert doc["expected_output_sha256"] is None and doc["accepted_new_hash"] is False
+    # a local DAPO-shaped parquet is held to the published output hash; this one differs, accepted
+    assert doc["expected_output_sha256"] == PUBLISHED_OUTPUT_SHA256 and doc["accepted_new_hash"] is True
+    assert matches_published_output(doc) is False
     on_disk = json.loads(Workspace(ws).data_provenance.read_text())
     assert on_disk == doc
     assert leftovers(ws) == []
 
 
+def test_local_parquet_that_is_not_the_published_data_is_refused_without_accept(tmp_path, parquet):
+    ws = tmp_path / "ws"
+    with pytest.raises(CheckFailed, match="not the published DAPO-Math-17k conversion.*--accept-new-hash"):
+        prepare_dataset(ws, source=str(parquet))
+    w = Workspace(ws)
+    assert not w.data.exists() and not w.data_provenance.exists()
+    assert [p.name for p in w.data.parent.glob("*.rejected-*")] == \
+        [f"dapo-math-17k.jsonl.rejected-{hashlib.sha256(EXPECTED_JSONL.encode()).hexdigest()[:12]}"]
+
+    code, out = run_kit("prepare", "--workspace", str(tmp_path / "ws2"), "--dataset-source", str(parquet))
+    assert code == 1 and "--accept-new-hash" in out and PUBLISHED_OUTPUT_SHA256 in out
+
+
 def test_rerun_reuses_and_detects_changes(tmp_path, parquet):
     ws = tmp_path / "ws"
-    first = prepare_dataset(ws, source=str(parquet))
+    first = prepare_dataset(ws, source=str(parquet), accept_new_hash=True)
     again = prepare_dataset(ws, source=str(parquet))
     assert again.reused and again.document == first.document
     other = write_parquet(tmp_path / "other.parquet", rows()[:2])
     with pytest.raises(BadInput, match="already prepared from"):
-        prepare_dataset(ws, source=str(other))
+        prepare_dataset(ws, source=str(other), accept_new_hash=True)
     data = Workspace(ws).data
     data.write_bytes(data.read_bytes().replace(b"1/3", b"1/4"))
     with pytest.raises(CheckFailed, match="changed after preparation"):
@@ -78,9 +94,12 @@ def test_rerun_reuses_and_detects_changes(tmp_path, parquet):
 
 
 def test_expected_hash_rule():
-    assert expected_output_sha256(PUBLISHED_URL, "0" * 64) == PUBLISHED_OUTPUT_SHA256
-    assert expected_output_sha256("/data/train.parquet", "0" * 64) is None
-    assert expected_output_sha256("https://mirror.example/train.parquet", "0" * 64) is None
+    # every source is held to the published conversion; only an explicit table overrides it
+    for source in (PUBLISHED_URL, "/data/train.parquet", "https://mirror.example/train.parquet"):
+        assert expected_output_sha256(source, "0" * 64) == PUBLISHED_OUTPUT_SHA256
+    assert expected_output_sha256("/x.parquet", "0" * 64, {"/x.parquet": "e" * 64}) == "e" * 64
+    assert matches_published_output({"output_sha256": PUBLISHED_OUTPUT_SHA256})
+    assert not matches_published_output({"output_sha256": "0" * 64})
 
 
 def test_published_source_with_other_hash_is_refused_then_accepted(tmp_path, parquet):
@@ -110,17 +129,22 @@ def test_published_source_with_its_hash_passes(tmp_path, parquet):
 
 def test_cli_prepare_json(tmp_path, parquet):
     ws = tmp_path / "ws"
-    code, out = run_kit("prepare", "--workspace", str(ws), "--dataset-source", str(parquet), "--json")
-    assert code == 0, out
-    doc = json.loads(out)
+    result = CliRunner().invoke(cli, ["prepare", "--workspace", str(ws), "--dataset-source", str(parquet),
+                                      "--accept-new-hash", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
     assert doc["dataset"]["document"]["rows_written"] == 3
-    code, out = run_kit("prepare", "--dataset-source", str(parquet), env={"KIT_WORKSPACE": str(ws)})
-    assert code == 0 and "unchanged" in out
+    assert doc["dataset"]["matches_published_output"] is False
+    assert doc["dataset"]["document"]["accepted_new_hash"] is True
+    assert "is NOT the published DAPO-Math-17k conversion" in result.stderr
+    result = CliRunner().invoke(cli, ["prepare", "--dataset-source", str(parquet)], env={"KIT_WORKSPACE": str(ws)})
+    assert result.exit_code == 0 and "unchanged" in result.stdout and "NOT the published" in result.stdout
+    assert "kit: warning:" in result.stderr
 
 
 # --- bad input: exit 2, nothing half-written -------------------------------------------------------
 
-def _assert_clean_refusal(ws: Path, code: int, out: str, *needles: str):
+def _assert_clean_refusal(ws: Path, code: int, out: str, *needles: str, checked_first: bool = True):
     assert code == 2, out
     assert "Traceback" not in out
     for needle in needles:
@@ -128,12 +152,14 @@ def _assert_clean_refusal(ws: Path, code: int, out: str, *needles: str):
     w = Workspace(ws)
     assert not w.data.exists() and not w.data_provenance.exists()
     assert leftovers(ws) == []
+    if checked_first:  # refused by the checks that run before anything is written
+        assert not ws.exists(), sorted(str(p) for p in ws.rglob("*"))
 
 
 def test_missing_parquet(tmp_path):
     ws = tmp_path / "ws"
     code, out = run_kit("prepare", "--workspace", str(ws), "--dataset-source", str(tmp_path / "nope.parquet"))
-    _assert_clean_refusal(ws, code, out, "nope.parquet", "no such file")
+    _assert_clean_refusal(ws, code, out, "--dataset-source", "nope.parquet", "no such file")
 
 
 def test_corrupt_parquet(tmp_path, parquet):
@@ -141,7 +167,7 @@ def test_corrupt_parquet(tmp_path, parquet):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(parquet.read_bytes()[: parquet.stat().st_size // 2])  # truncated mid-file
     code, out = run_kit("prepare", "--workspace", str(ws), "--dataset-source", str(bad))
-    _assert_clean_refusal(ws, code, out, "bad.parquet", "parquet")
+    _assert_clean_refusal(ws, code, out, "--dataset-source", "bad.parquet", "parquet")
 
 
 def test_wrong_columns(tmp_path):
@@ -156,8 +182,22 @@ def test_row_without_index(tmp_path):
     data = rows()
     data[1]["extra_info"] = {"index": None}
     src = write_parquet(tmp_path / "noidx.parquet", data)
-    code, out = run_kit("prepare", "--workspace", str(ws), "--dataset-source", str(src))
-    _assert_clean_refusal(ws, code, out, "row 2", "extra_info.index")
+    code, out = run_kit("prepare", "--workspace", str(ws), "--dataset-source", str(src), "--accept-new-hash")
+    # the rows are read only while converting: the workspace exists, but holds no data and no provenance
+    _assert_clean_refusal(ws, code, out, "row 2", "extra_info.index", checked_first=False)
+
+
+def test_every_input_is_checked_before_the_dataset_is_written(tmp_path, parquet):
+    """A bad --model is refused before the dataset is converted: nothing at all is written."""
+    ws = tmp_path / "ws"
+    for model, needle in ((tmp_path / "no-such-model", "no such directory"),
+                          (make_model(tmp_path / "no-weights", weights=False), "no weights")):
+        code, out = run_kit("prepare", "--workspace", str(ws), "--dataset-source", str(parquet),
+                            "--accept-new-hash", "--model", str(model))
+        _assert_clean_refusal(ws, code, out, f"--model {model}", needle)
+    code, out = run_kit("prepare", "--workspace", str(ws), "--dataset-source", str(parquet), "--accept-new-hash",
+                        "--model", str(make_model(tmp_path / "m")), "--convert-checkpoint", "--arm", "nope")
+    _assert_clean_refusal(ws, code, out, "unknown arm 'nope' given to --arm", "G10")
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -203,7 +243,7 @@ def test_model_without_weights(tmp_path):
     model = make_model(tmp_path / "empty-model", weights=False)
     code, out = run_kit("prepare", "--workspace", str(ws), "--no-dataset", "--model", str(model))
     assert code == 2 and "no weights (*.safetensors or *.bin)" in out and "empty-model" in out
-    assert not (ws / "provenance").exists() or not list((ws / "provenance").iterdir())
+    assert not ws.exists()
 
 
 # --- checkpoint conversion -------------------------------------------------------------------------
@@ -222,7 +262,22 @@ def test_conversion_command_is_exact():
         conversion_command({"name": "x", "sources": [{"name": "vime"}]}, "/workspace/o")
 
 
-def test_convert_refused_without_image(tmp_path):
+def test_convert_refused_without_engine(tmp_path, parquet):
+    """No Docker engine answers: exit 2 naming --convert-checkpoint, dockerd and DOCKER_HOST; nothing written."""
+    ws = tmp_path / "ws"
+    model = make_model(tmp_path / "Qwen3-tiny")
+    result = CliRunner().invoke(cli, ["prepare", "--workspace", str(ws), "--dataset-source", str(parquet),
+                                      "--accept-new-hash", "--model", str(model), "--convert-checkpoint",
+                                      "--arm", "G10"],
+                                env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("kit: --convert-checkpoint: no Docker engine answers")
+    assert "dockerd" in result.stderr and "DOCKER_HOST" in result.stderr and "Traceback" not in result.output
+    # only the documented cache may exist: the model was hashed to look for an earlier conversion
+    assert sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*")) in ([], ["cache", "cache/hashes.json"])
+
+
+def test_convert_refused_without_image(tmp_path, docker_engine):
     """The real engine has no image of the G10 stack here: exit 2 naming the image and `kit build`."""
     ws = tmp_path / "ws"
     model = make_model(tmp_path / "Qwen3-tiny")

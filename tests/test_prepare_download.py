@@ -158,14 +158,16 @@ def parquet_server(tmp_path):
 def test_prepare_from_url_truncated_then_resumed(tmp_path, parquet_server):
     ws = tmp_path / "ws"
     parquet_server.truncate_next = 100
-    result = CliRunner().invoke(cli, ["prepare", "--workspace", str(ws), "--dataset-source", parquet_server.url])
+    result = CliRunner().invoke(cli, ["prepare", "--workspace", str(ws), "--dataset-source", parquet_server.url,
+                                      "--accept-new-hash"])
     assert result.exit_code == 2, result.output
     assert "download interrupted" in result.output or "truncated" in result.output
+    assert f"\nkit: --dataset-source {parquet_server.url}: " in result.stderr
     assert not Workspace(ws).data.exists()
     result = CliRunner().invoke(cli, ["prepare", "--workspace", str(ws), "--dataset-source", parquet_server.url,
-                                      "--json"])
+                                      "--accept-new-hash", "--json"])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)["dataset"]["document"]
+    doc = json.loads(result.stdout)["dataset"]["document"]
     assert doc["source"] == parquet_server.url and doc["source_checksum"] == "server"
     assert doc["source_sha256"] == hashlib.sha256(parquet_server.payload).hexdigest()
     assert Workspace(ws).data.read_bytes() == EXPECTED_JSONL.encode()
@@ -174,3 +176,14 @@ def test_prepare_from_url_truncated_then_resumed(tmp_path, parquet_server):
     n = len(parquet_server.ranges)
     assert prepare_dataset(ws, source=parquet_server.url).reused
     assert len(parquet_server.ranges) == n
+
+
+def test_unreachable_source_names_the_flag(tmp_path, server):
+    port = server.httpd.server_address[1]
+    server.httpd.shutdown()
+    server.httpd.server_close()
+    url = f"http://127.0.0.1:{port}/train.parquet"
+    result = CliRunner().invoke(cli, ["prepare", "--workspace", str(tmp_path / "ws"), "--dataset-source", url])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"kit: --dataset-source {url}: cannot download") and "Traceback" not in result.output
+    assert not Workspace(tmp_path / "ws").data.exists()

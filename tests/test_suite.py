@@ -56,7 +56,8 @@ def workspace(tmp_path_factory):
 @pytest.fixture(scope="module")
 def suite_t1(workspace):
     started = time.monotonic()
-    proc = kit("suite", "module", "--suite-id", "t1", "--rollouts", "2", "--stack", "smoke", "--allow-dirty", "--json",
+    # the group's --json (kit suite --json module ...) is the same as the subcommand's
+    proc = kit("suite", "--json", "module", "--suite-id", "t1", "--rollouts", "2", "--stack", "smoke", "--allow-dirty",
                env={"KIT_WORKSPACE": str(workspace)})
     elapsed = time.monotonic() - started
     print(f"kit suite module, 8 smoke arms x 2 rollouts: {elapsed:.1f} s")
@@ -301,6 +302,12 @@ def test_bad_flags_exit_2_and_write_nothing(tmp_path, args, named):
     proc = kit("suite", "module", "--suite-id", "b1", *args, "--allow-dirty", env={"KIT_WORKSPACE": str(tmp_path)})
     assert proc.returncode == 2 and named in proc.stderr and "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_json_is_offered_by_the_group_and_the_subcommand():
+    for args in (["suite", "--help"], ["suite", "module", "--help"]):
+        proc = kit(*args)
+        assert proc.returncode == 0 and "--json" in proc.stdout and "rlk-kit/suite-summary/v1" in proc.stdout
 
 
 def test_verdicts_from_kit_run_outcomes():

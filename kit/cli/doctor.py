@@ -20,6 +20,14 @@ from kit.errors import CheckFailed
 def command(arm_name, workspace, ray_address, as_json):
     """Check the Docker engine, GPU runtime and GPUs, /dev/shm, disk, Ray, the arm's image and inputs.
 
+    \b
+    Inputs (vime arms, in --workspace): the prompt data against their
+    provenance and the published hash; the Hugging Face model the workspace's
+    provenance names (the one the arm's checkpoint was converted from),
+    re-hashed file by file (cached by path, size and mtime in
+    cache/hashes.json) and compared; the torch_dist checkpoint converted with
+    the arm's stack (full stack sha256; the host's platform, then the newest).
+
     Each check prints `PASS|FAIL|SKIP <name>: <reason>`. Exit 1 if any check FAILs, else 0.
 
     \b

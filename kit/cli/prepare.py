@@ -18,11 +18,13 @@ from kit.errors import BadInput
               help="DAPO-Math-17k parquet: a local path or an http(s) URL (default: the published URL).")
 @click.option("--no-dataset", is_flag=True, help="Skip the prompt data (only hash/convert the model).")
 @click.option("--accept-new-hash", is_flag=True,
-              help="Accept converted data whose sha256 differs from the published one; recorded in provenance.")
+              help="Accept converted data whose sha256 is not the published conversion's; recorded in the "
+                   "provenance (accepted_new_hash: true) and warned about on stderr.")
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), metavar="PATH",
               help="Hugging Face checkpoint directory to hash file by file.")
 @click.option("--convert-checkpoint", is_flag=True,
-              help="Convert --model to torch_dist inside --arm's image with that stack's Megatron.")
+              help="Convert --model to torch_dist inside --arm's image with that stack's Megatron "
+                   "(needs a Docker engine: dockerd running or DOCKER_HOST set).")
 @click.option("--arm", "arm_name", metavar="A", help="Arm whose image runs the conversion.")
 @click.option("--platform", type=click.Choice(["cuda", "rocm"]), default="cuda", show_default=True,
               help="Image platform for --convert-checkpoint.")
@@ -31,8 +33,24 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
             platform, as_json):
     """Convert DAPO-Math-17k to VIME prompt JSONL, hash the model, convert the checkpoint.
 
-    The published source must convert to sha256 73e21665...509d; another hash is refused (exit 1)
-    unless --accept-new-hash. Downloads resume from a .partial file and are checksum-verified.
+    \b
+    Expected hash: every source (the published URL, a local copy, a mirror)
+    is a DAPO-Math-17k parquet, so its JSONL must have the published sha256
+    73e2166517fd635e1157aff17202f86a5cced44ca1669e6f49d2d63a59bf509d.
+    Another hash is refused (exit 1; the data are kept only as
+    data/dapo-math-17k.jsonl.rejected-<sha12>) unless --accept-new-hash,
+    which the provenance records (accepted_new_hash: true) and which prints
+    a warning on stderr. --json adds matches_published_output: true|false.
+
+    \b
+    Every input is checked before anything is written: the --model directory
+    (exists, holds *.safetensors or *.bin), the --dataset-source (a readable
+    parquet with the DAPO columns, or an http(s) URL), --arm and, with
+    --convert-checkpoint, the Docker engine and the arm's image. A refused
+    run (exit 2) writes no data, provenance or checkpoint; it may leave only
+    caches: cache/hashes.json (sha256 per file, keyed by path, size and
+    mtime) and downloads/*.partial (an interrupted download, resumed by the
+    next run). Downloads are checksum-verified.
 
     \b
     Examples:
@@ -50,34 +68,66 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
         raise BadInput("--arm: only used with --convert-checkpoint")
     if no_dataset and (dataset_source or accept_new_hash):
         raise BadInput("--no-dataset: cannot be combined with --dataset-source or --accept-new-hash")
-    arm = None
+    if workspace.exists() and not workspace.is_dir():
+        raise BadInput(f"--workspace {workspace}: exists and is not a directory")
+
+    # Every input is checked before anything is written (hashing the model only fills the hash cache).
+    source = dataset_source or prep.PUBLISHED_URL
+    arm = image = None
     if convert_checkpoint:
         from kit.doctor import load_arm
 
-        arm = load_arm(arm_name)  # unknown arm: BadInput before any work
+        arm = load_arm(arm_name)  # unknown arm: BadInput naming --arm
+        prep.check_conversion_request(arm.name, arm.document, arm.stack_document, platform)
+    if model_dir is not None:
+        prep.check_model_dir(model_dir)
+    if not no_dataset:
+        prep.check_dataset_source(source)
+    if convert_checkpoint:
+        from kit.inputs import hash_tree, tree_sha256
+
+        ws = prep.Workspace(workspace)
+        model_tree = tree_sha256(hash_tree(model_dir, ws.hash_cache))
+        converted = ws.checkpoint_dir(arm.stack_sha256, model_tree)
+        if not (converted.exists() and ws.checkpoint_provenance(converted).exists()):
+            image = prep.find_conversion_image(arm.name, arm.document, arm.stack_document, arm.stack_sha256,
+                                               platform)
+
     workspace.mkdir(parents=True, exist_ok=True)
     progress = None if as_json else sys.stderr
     done = []
     if not no_dataset:
-        done.append(prep.prepare_dataset(workspace, source=dataset_source or prep.PUBLISHED_URL,
-                                         accept_new_hash=accept_new_hash, progress=progress))
+        done.append(prep.prepare_dataset(workspace, source=source, accept_new_hash=accept_new_hash,
+                                         progress=progress))
     if model_dir is not None:
         model = prep.prepare_model(workspace, model_dir)
         done.append(model)
         if convert_checkpoint:
             done.append(prep.convert_checkpoint(
                 workspace, arm_name=arm.name, arm_document=arm.document, stack_document=arm.stack_document,
-                stack_sha256=arm.stack_sha256, model=model, platform=platform, progress=progress))
+                stack_sha256=arm.stack_sha256, model=model, platform=platform, progress=progress, image=image))
+    for p in done:
+        if p.kind == "dataset" and not prep.matches_published_output(p.document):
+            why = ("accepted with --accept-new-hash, as its provenance records" if p.document["accepted_new_hash"]
+                   else "its provenance records no --accept-new-hash; kit doctor will FAIL it")
+            click.echo(f"kit: warning: {p.path} (sha256 {p.document['output_sha256']}) is NOT the published "
+                       f"DAPO-Math-17k conversion ({prep.PUBLISHED_OUTPUT_SHA256}); {why}", err=True)
     if as_json:
-        click.echo(json.dumps({p.kind: {"path": str(p.path), "provenance": str(p.provenance_path),
-                                        "reused": p.reused, "document": p.document} for p in done},
-                              indent=2, sort_keys=True, ensure_ascii=False))
+        out = {}
+        for p in done:
+            entry = {"path": str(p.path), "provenance": str(p.provenance_path), "reused": p.reused,
+                     "document": p.document}
+            if p.kind == "dataset":
+                entry["matches_published_output"] = prep.matches_published_output(p.document)
+            out[p.kind] = entry
+        click.echo(json.dumps(out, indent=2, sort_keys=True, ensure_ascii=False))
         return
     for p in done:
         doc = p.document
         verb = "unchanged" if p.reused else "prepared"
         if p.kind == "dataset":
-            note = " (NEW HASH ACCEPTED)" if doc["accepted_new_hash"] else ""
+            note = (" (the published DAPO-Math-17k conversion)" if prep.matches_published_output(doc)
+                    else " (NOT the published conversion; NEW HASH ACCEPTED)")
             click.echo(f"{verb} {p.path}: {doc['rows_written']} of {doc['rows_read']} rows "
                        f"({doc['duplicates_removed']} duplicates), sha256 {doc['output_sha256']}{note}")
         elif p.kind == "model":

@@ -11,13 +11,19 @@ from kit.cli._output import emit_json
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def command():
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine output for every suite command: print only its summary document "
+                   "(rlk-kit/suite-summary/v1), no progress; the same as the command's own --json.")
+@click.pass_context
+def command(ctx, as_json):
     """Suites of arms, each run through `kit run` into its own sealed run dir, with one summary.
 
     \b
-    Example:
+    Examples:
       kit suite module --suite-id m1 --rollouts 2 --stack smoke
+      kit suite --json module --suite-id m2 --rollouts 2 --stack smoke | jq .arms
     """
+    ctx.ensure_object(dict)["json"] = as_json
 
 
 @command.command("module", context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,8 +41,10 @@ def command():
 @click.option("--allow-dirty", is_flag=True, help="Run from a kit checkout with uncommitted changes (recorded in each manifest).")
 @click.option("--sign-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="ed25519 private key that signs each run's seal.")
-@click.option("--json", "as_json", is_flag=True, help="Print only the rlk-kit/suite-summary/v1 document.")
-def module(suite_id, rollouts, stack, runtime, image, ray_address, workspace, allow_dirty, sign_key, as_json):
+@click.option("--json", "as_json", is_flag=True,
+              help="Print only the rlk-kit/suite-summary/v1 document, no progress (also `kit suite --json module`).")
+@click.pass_context
+def module(ctx, suite_id, rollouts, stack, runtime, image, ray_address, workspace, allow_dirty, sign_key, as_json):
     """Run the module matrix M000, M100, M010, M001, M110, M101, M011, M111 and attribute mismatches.
 
     Each arm runs through kit run (same manifest, gates and seal) as run
@@ -58,10 +66,12 @@ def module(suite_id, rollouts, stack, runtime, image, ray_address, workspace, al
     \b
     Examples:
       kit suite module --suite-id m1 --rollouts 2 --stack smoke            # CPU, in-process
+      kit suite module --suite-id m4 --rollouts 2 --stack smoke --json     # only the summary document
       kit suite module --suite-id m2 --rollouts 8 --stack vime-current --runtime docker
       kit suite module --suite-id m3 --rollouts 8 --stack vime-current --runtime ray --ray-address http://head:8265
       kit verify .workspace/runs/m1-smoke-m111
     """
+    as_json = as_json or bool((ctx.obj or {}).get("json"))
     from kit.cli.run import default_workspace
     from kit.suite import (
         SuiteRequest,
