@@ -36,6 +36,13 @@ INSTALL_EXTRAS = {"ray": "default", "transformer-engine": "pytorch"}
 SEPARATE_PACKAGES = ("transformer-engine",)
 # Build tools of the CUDA/ROCm images; uv embeds the sha256 of every Python build it downloads.
 TOOL_PINS = {"uv": "0.9.7"}
+# Installed into the CUDA/ROCm venv in the same resolution as the stack's packages: the build tools
+# RL-Kernel's and Transformer Engine's extensions compile with, and the kit's own runtime
+# requirements (the in-image probe). Not stack pins: a stack that pins one of them wins, and then
+# it is left out here (it is already in PACKAGES).
+IMAGE_BUILD_TOOLS = {"pip": "25.2", "setuptools": "79.0.1", "wheel": "0.45.1", "packaging": "25.0",
+                     "pybind11": "3.0.1"}
+KIT_REQUIREMENTS = {"click": "8.2.1", "jsonschema": "4.25.1"}
 # Fixed mtime of every context member (2024-01-01T00:00:00Z); the engine never sees wall-clock time.
 CONTEXT_MTIME = 1704067200
 ROCM_TORCH_INDEX = "https://download.pytorch.org/whl/rocm{major_minor}"
@@ -161,12 +168,20 @@ def build_args(stack_doc: dict, platform: str) -> dict[str, str]:
     if platform in ("cuda", "rocm"):
         args["TRANSFORMER_ENGINE_VERSION"] = packages.get("transformer-engine", "")
         args["UV_VERSION"] = TOOL_PINS["uv"]
+        args["BUILD_TOOLS"] = _unless_pinned(IMAGE_BUILD_TOOLS, packages)
+        args["KIT_REQUIREMENTS"] = _unless_pinned(KIT_REQUIREMENTS, packages)
     if platform == "cuda":
         args["TORCH_CUDA_ARCH_LIST"] = ";".join(entry.get("cuda_arch_list", []))
     if platform == "rocm":
         args["PYTORCH_ROCM_ARCH"] = ";".join(entry.get("gfx_targets", []))
         args["TORCH_INDEX_URL"] = rocm_torch_index(entry["base_image"])
     return args
+
+
+def _unless_pinned(pins: dict[str, str], stack_packages: dict[str, str]) -> str:
+    """``name==version`` for each pin the stack does not pin itself (the stack's version wins)."""
+    pinned = {n.lower().replace("_", "-") for n in stack_packages}
+    return " ".join(f"{n}=={v}" for n, v in sorted(pins.items()) if n not in pinned)
 
 
 def rocm_torch_index(base_image: str) -> str:
@@ -183,13 +198,17 @@ def created_timestamp(commit_dates: dict[str, int]) -> str | None:
 
 
 def labels(stack_doc: dict, stack_sha256: str, platform: str, *, inputs_sha256: str, kit_version: str,
-           kit_source_sha256: str, created: str | None, source_url: str) -> dict[str, str]:
-    """OCI labels plus one kit label per pin."""
+           kit_source_sha256: str | None = None, created: str | None = None, source_url: str | None = None,
+           revision: str | None = None, base_image_id: str | None = None) -> dict[str, str]:
+    """OCI labels plus one kit label per pin.
+
+    ``source_url`` and ``revision`` describe the kit checkout that made the image (its ``origin``
+    remote and ``git rev-parse HEAD``, ``-dirty`` when the tree had changes); a label is left out
+    when its value is unknown rather than filled with a placeholder.
+    """
     entry = stack_doc["platforms"][platform]
     p = LABEL_PREFIX
     out = {
-        "org.opencontainers.image.source": source_url,
-        "org.opencontainers.image.revision": f"sha256:{kit_source_sha256}",
         "org.opencontainers.image.version": kit_version,
         "org.opencontainers.image.base.name": entry["base_image"],
         "org.opencontainers.image.title": f"rlk-kit {stack_doc['name']} ({platform})",
@@ -199,11 +218,21 @@ def labels(stack_doc: dict, stack_sha256: str, platform: str, *, inputs_sha256: 
         f"{p}.platform": platform,
         f"{p}.python": stack_doc["python"],
     }
+    if source_url:
+        out["org.opencontainers.image.source"] = source_url
+    if revision:
+        out["org.opencontainers.image.revision"] = revision
+    if kit_source_sha256:
+        # The kit files baked into the image (kit-src/ of the context), whatever commit they are at.
+        out[f"{p}.kit.source-sha256"] = kit_source_sha256
     digest = base_digest(entry["base_image"])
     if digest:
         out["org.opencontainers.image.base.digest"] = digest
     else:
         out[f"{p}.base.unresolved"] = "true"
+        if base_image_id:
+            # No registry digest exists (docker/make-base-image.sh): the local image id stands in.
+            out[f"{p}.base.id"] = base_image_id
     if created:
         out["org.opencontainers.image.created"] = created
     from kit.stack import packages_for
@@ -224,12 +253,15 @@ def labels(stack_doc: dict, stack_sha256: str, platform: str, *, inputs_sha256: 
     return out
 
 
+# Kit labels that depend on the build (context, checkout, engine), not on the stack.
+BUILD_LABELS = (f"{LABEL_PREFIX}.inputs.sha256", f"{LABEL_PREFIX}.kit.source-sha256", f"{LABEL_PREFIX}.base.id")
+
+
 # Labels that a stack determines; the rest (inputs, created, revision) depend on the build context.
 def pin_labels(stack_doc: dict, stack_sha256: str, platform: str) -> dict[str, str]:
     """The labels an image of this stack must carry whatever context it was built from."""
-    full = labels(stack_doc, stack_sha256, platform, inputs_sha256="", kit_version="", kit_source_sha256="",
-                  created=None, source_url="")
-    return {k: v for k, v in full.items() if k.startswith(LABEL_PREFIX + ".") and k != f"{LABEL_PREFIX}.inputs.sha256"
+    full = labels(stack_doc, stack_sha256, platform, inputs_sha256="", kit_version="")
+    return {k: v for k, v in full.items() if k.startswith(LABEL_PREFIX + ".") and k not in BUILD_LABELS
             or k in ("org.opencontainers.image.base.name", "org.opencontainers.image.base.digest")}
 
 
@@ -252,8 +284,8 @@ def image_tag(stack_name: str, platform: str, inputs: str) -> str:
 
 def make_plan(stack_doc: dict, stack_sha256: str, platform: str, context: list[ContextEntry], *,
               kit_version: str, commit_dates: dict[str, int] | None = None, base_image_id: str | None = None,
-              source_url: str = "https://rlk-kit.dev/rlk-kit", extra_problems: list[str] | None = None,
-              notes: list[str] | None = None) -> BuildPlan:
+              source_url: str | None = None, revision: str | None = None,
+              extra_problems: list[str] | None = None, notes: list[str] | None = None) -> BuildPlan:
     """Assemble the plan. ``context`` must already hold the Dockerfile, scripts, stack and sources."""
     problems = source_problems(stack_doc, platform) + list(extra_problems or [])
     if problems and (platform not in PLATFORMS or platform not in stack_doc.get("platforms", {})):
@@ -265,7 +297,8 @@ def make_plan(stack_doc: dict, stack_sha256: str, platform: str, context: list[C
     inputs = inputs_sha256(dockerfile, args, ctx, base_image_id)
     kit_sha = hashlib.sha256(canonical_json([[e.path, e.digest] for e in ctx if e.path.startswith("kit-src/")])).hexdigest()
     lab = labels(stack_doc, stack_sha256, platform, inputs_sha256=inputs, kit_version=kit_version,
-                 kit_source_sha256=kit_sha, created=created_timestamp(commit_dates or {}), source_url=source_url)
+                 kit_source_sha256=kit_sha, created=created_timestamp(commit_dates or {}), source_url=source_url,
+                 revision=revision, base_image_id=base_image_id)
     all_notes = list(notes or [])
     if entry.get("unresolved"):
         all_notes.append(f"base {entry['base_image']} is unresolved (a tag, not a digest)"

@@ -28,12 +28,15 @@ from pathlib import Path
 from kit.build_plan import (DOCKERFILES, PLATFORMS, BuildPlan, ContextEntry, context_tar, make_plan,
                             patch_context_path, pin_labels, requirement, source_problems)
 from kit.errors import BadInput, CheckFailed
-from kit.image_layout import STACK_PATH
+from kit.image_layout import ENTRYPOINT, LABEL_PREFIX, STACK_PATH
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Build requirement of the kit itself inside the image (pyproject: setuptools>=68); not a stack pin.
 WHEELHOUSE_BUILD_TOOLS = ("setuptools==80.9.0",)
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+# Written by the last step of every Dockerfile: the in-image probe's document at build time.
+PROBE_AT_BUILD_PATH = "/opt/rlk/probe-at-build.json"
+_URL_USERINFO_RE = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", re.IGNORECASE)
 ENGINE_HELP = ("start one with `nohup dockerd >/tmp/dockerd.log 2>&1 &` or scripts/ensure-docker.sh, "
                "or point DOCKER_HOST at a running engine")
 
@@ -53,18 +56,27 @@ def engine():
         raise BadInput(f"no Docker engine answers at {where} ({type(exc).__name__}); {ENGINE_HELP}") from None
 
 
-def base_image_id(client, base_image: str) -> str:
-    """Local id of the base; BadInput saying how to make it when it is missing."""
+def base_image_id(client, base_image: str, *, stack_name: str = "", platform: str = "") -> str:
+    """Local id of the base; BadInput saying how to make or load it when it is missing.
+
+    The build never pulls (``pull=False``): a base named by digest must already be on the engine
+    under that digest, as ``docker pull`` leaves it.
+    """
     import docker
 
     try:
         return client.images.get(base_image).id
     except docker.errors.ImageNotFound:
-        if base_image.startswith("rlk-kit/debian-base"):
-            raise BadInput(f"base image {base_image} is not on this engine; make it with docker/make-base-image.sh "
-                           "(or scripts/ensure-docker.sh)") from None
-        raise BadInput(f"base image {base_image} is not on this engine and no registry is reachable here; "
-                       f"load it (docker load) or build on a host that can pull it") from None
+        pass
+    except docker.errors.APIError as exc:   # e.g. a malformed reference
+        raise BadInput(f"base image {base_image}: the engine cannot look it up ({exc.explanation or exc})") from None
+    where = f" (stack {stack_name!r}, platform {platform})" if stack_name else ""
+    if base_image.startswith("rlk-kit/debian-base"):
+        raise BadInput(f"base image {base_image}{where} is not on this engine; make it with docker/make-base-image.sh "
+                       "(or scripts/ensure-docker.sh)")
+    raise BadInput(f"base image {base_image}{where} is not on this engine and `kit build` never pulls; "
+                   f"load it first: `docker pull {base_image}` where a registry is reachable, or on a host "
+                   f"without one `docker load -i FILE` of an image saved there with `docker save` after that pull")
 
 
 # --- stacks -----------------------------------------------------------------------------------
@@ -108,6 +120,19 @@ def collect_context(stack_doc: dict, platform: str, *, workspace: Path, override
                        f"it has: {', '.join(sorted(names))}")
     for src in stack_doc.get("sources", []):
         name, commit = src["name"], src["commit"]
+        # Patches first: they are host files named by the stack, checked whether or not the source
+        # is fetched yet, so a dry run lists (and hashes) the same context as the build.
+        for i, patch in enumerate(src.get("patches", [])):
+            path = manifests_dir / patch["path"]
+            if not path.is_file():
+                stack_file, pointer = _patch_field(stack_doc, name, i, manifests_dir)
+                raise BadInput(f"{stack_file}: {pointer}: patch file {path} is missing (source {name} pins it "
+                               f"by sha256 {patch['sha256']}); put the patch there or change the stack")
+            found = sha256_of_file(path)
+            if found != patch["sha256"]:
+                out.problems.append(f"source {name}: patch {path} has sha256 {found}, the stack pins {patch['sha256']}")
+            out.entries.append(ContextEntry(patch_context_path(name, i, patch["path"]), 0o644, f"sha256:{found}",
+                                            file=str(path)))
         repo = locate_source(src, overrides, workspace, fetch=not dry_run)
         if repo is None:
             out.entries.append(ContextEntry(f"sources/{name}/tree.tar", 0o644, f"git-commit:{commit}"))
@@ -123,16 +148,6 @@ def collect_context(stack_doc: dict, platform: str, *, workspace: Path, override
         # The raw object hashes to the commit, so it is identified by the commit too.
         out.entries.append(ContextEntry(f"sources/{name}/commit", 0o644, f"git-commit:{commit}",
                                         data=export.commit_object))
-        for i, patch in enumerate(src.get("patches", [])):
-            path = manifests_dir / patch["path"]
-            if not path.is_file():
-                out.problems.append(f"source {name}: patch {path} is missing (the stack pins sha256 {patch['sha256']})")
-                continue
-            found = sha256_of_file(path)
-            if found != patch["sha256"]:
-                out.problems.append(f"source {name}: patch {path} has sha256 {found}, the stack pins {patch['sha256']}")
-            out.entries.append(ContextEntry(patch_context_path(name, i, patch["path"]), 0o644, f"sha256:{found}",
-                                            file=str(path)))
     out.entries.append(ContextEntry.of_bytes("patches/.keep", b""))
     out.entries.extend(_kit_source_entries())
     if platform == "cpu":
@@ -144,6 +159,58 @@ def _manifests_dir() -> Path:
     from kit.catalog import default_manifests_dir
 
     return default_manifests_dir()
+
+
+def _patch_field(stack_doc: dict, source_name: str, index: int, manifests_dir: Path) -> tuple[str, str]:
+    """(stack file, JSON pointer) where patch ``index`` of a source is written, following ``extends``."""
+    from kit.catalog import Catalog
+
+    fallback = (f"stack {stack_doc.get('name')!r}", f"sources[name={source_name}]/patches/{index}/path")
+    try:
+        catalog = Catalog.load(manifests_dir)
+    except BadInput:
+        return fallback
+
+    def find(name: str, seen: tuple = ()) -> tuple[str, str] | None:
+        entry = catalog.stack_docs.get(name)
+        if entry is None or name in seen:
+            return None
+        raw, file = entry
+        for i, src in enumerate(raw.get("sources", [])):
+            if src.get("name") == source_name:   # a layer's source replaces its parents' whole
+                return (file, f"/sources/{i}/patches/{index}/path") if len(src.get("patches", [])) > index else None
+        parents = raw.get("extends", [])
+        for parent in reversed([parents] if isinstance(parents, str) else list(parents)):
+            found = find(parent, seen + (name,))
+            if found:
+                return found
+        return None
+
+    return find(stack_doc.get("name", "")) or fallback
+
+
+def kit_checkout() -> tuple[str | None, str | None]:
+    """(origin URL, revision) of the kit's own checkout; None for each when unknown.
+
+    The revision is ``git rev-parse HEAD``, with ``-dirty`` when tracked or untracked (not ignored)
+    files differ from it; the URL loses any user:password part.
+    """
+    def git(*args: str) -> str | None:
+        try:
+            proc = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(REPO_ROOT), *args],
+                                  capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    head = git("rev-parse", "--verify", "HEAD^{commit}")
+    if not head:
+        return None, None
+    url = git("remote", "get-url", "origin") or None
+    if url:
+        url = _URL_USERINFO_RE.sub(r"\1", url)
+    status = git("status", "--porcelain", "--untracked-files=normal")
+    return url, head + ("-dirty" if status is None or status else "")
 
 
 def _kit_source_entries() -> list[ContextEntry]:
@@ -217,12 +284,16 @@ def plan_build(stack, platform: str, *, workspace: Path, overrides: dict[str, Pa
         raise BadInput(blocking[0])
     base_id = None
     entry = stack_doc["platforms"][platform]
-    if not dry_run and entry.get("unresolved"):
-        base_id = base_image_id(client or engine(), entry["base_image"])
+    if not dry_run:
+        # Before any source is fetched: a missing base stops the build whatever else is ready.
+        local_id = base_image_id(client or engine(), entry["base_image"], stack_name=name, platform=platform)
+        if entry.get("unresolved"):
+            base_id = local_id   # a tag: its local id enters the inputs and a label
     collected = collect_context(stack_doc, platform, workspace=workspace, overrides=overrides, dry_run=dry_run)
+    source_url, revision = kit_checkout()
     return make_plan(stack_doc, stack_sha, platform, collected.entries, kit_version=__version__,
-                     commit_dates=collected.commit_dates, base_image_id=base_id,
-                     extra_problems=collected.problems, notes=collected.notes)
+                     commit_dates=collected.commit_dates, base_image_id=base_id, source_url=source_url,
+                     revision=revision, extra_problems=collected.problems, notes=collected.notes)
 
 
 @dataclass(frozen=True)
@@ -234,17 +305,34 @@ class BuildResult:
     durations_s: dict
     record_path: Path | None
     record: dict
+    reused: bool = False     # the tag already held an image of these inputs: nothing was sent to the engine
 
 
 def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool = False, progress=None,
-                arm: str | None = None, sources_from: dict[str, str] | None = None) -> BuildResult:
+                arm: str | None = None, sources_from: dict[str, str] | None = None,
+                plan_s: float | None = None) -> BuildResult:
     """Build ``plan`` on the engine, stream its log through ``progress(step, total, elapsed, text)``,
-    and write the build record. CheckFailed (exit 1) when a build step fails."""
+    and write the build record. CheckFailed (exit 1) when a build step fails.
+
+    When ``plan.tag`` already names an image whose inputs label equals ``plan.inputs_sha256`` (and
+    ``nocache`` is off) the context is not sent at all: the inputs sha256 covers the Dockerfile,
+    every build arg, every context file and (unresolved bases) the base's local id, so the engine
+    could only answer with the same image. ``plan_s`` (time spent planning) is added to the total.
+    """
     if plan.problems:
         raise CheckFailed("; ".join(plan.problems))
     client = client or engine()
-    t0 = time.monotonic()
+    t0 = time.monotonic() - (plan_s or 0.0)
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    existing = None if nocache else _image_of_inputs(client, plan)
+    if existing is not None:
+        durations = {"lookup": round(time.monotonic() - t0 - (plan_s or 0.0), 3)}
+        if plan_s is not None:
+            durations["plan"] = round(plan_s, 3)
+        record = _build_record(plan, client, existing.id, started=started, t0=t0, durations=durations,
+                               cached=True, steps=0, context=None, arm=arm, sources_from=sources_from)
+        return BuildResult(plan.tag, existing.id, True, 0, record["durations_s"], write_build_record(record, workspace),
+                           record, reused=True)
     tar = context_tar(plan.context)
     t_context = time.monotonic() - t0
     network = "none" if plan.platform == "cpu" else None   # the cpu build is hermetic
@@ -278,10 +366,35 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
                 hits[step] = True
     if image_id is None:
         image_id = client.images.get(plan.tag).id
-    total_s = time.monotonic() - t0
+    cached = bool(hits) and all(hits.values())
+    durations = {"context": round(t_context, 3)}
+    if plan_s is not None:
+        durations["plan"] = round(plan_s, 3)
+    context = {"files": len(plan.context), "bytes": len(tar), "sha256": hashlib.sha256(tar).hexdigest()}
+    record = _build_record(plan, client, image_id, started=started, t0=t0, durations=durations, cached=cached,
+                           steps=total, context=context, arm=arm, sources_from=sources_from)
+    record_path = write_build_record(record, workspace)
+    return BuildResult(plan.tag, image_id, cached, total, record["durations_s"], record_path, record)
+
+
+def _image_of_inputs(client, plan: BuildPlan):
+    """The image ``plan.tag`` names when its labels say it was built from exactly these inputs."""
+    import docker
+
+    try:
+        image = client.images.get(plan.tag)
+    except docker.errors.ImageNotFound:
+        return None
+    found = image.labels or {}
+    same = (found.get(f"{LABEL_PREFIX}.inputs.sha256") == plan.inputs_sha256
+            and found.get(f"{LABEL_PREFIX}.stack.sha256") == plan.stack_sha256)
+    return image if same else None
+
+
+def _build_record(plan: BuildPlan, client, image_id: str, *, started: str, t0: float, durations: dict, cached: bool,
+                  steps: int, context: dict | None, arm: str | None, sources_from: dict[str, str] | None) -> dict:
     image = client.images.get(image_id)
     version = client.version()
-    cached = bool(hits) and all(hits.values())
     record = {
         "schema": "rlk-kit/build-record/v1",
         "tag": plan.tag,
@@ -295,22 +408,21 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
         "base_image": {"ref": plan.base_image, "unresolved": plan.base_unresolved, "id": plan.base_image_id},
         "sources": [{"name": n, "commit": plan.build_args.get(f"{n.upper().replace('-', '_')}_COMMIT", ""), "from": f}
                     for n, f in sorted((sources_from or {}).items())],
-        "context": {"files": len(plan.context), "bytes": len(tar), "sha256": hashlib.sha256(tar).hexdigest()},
         "engine": {"version": version.get("Version", ""), "api_version": version.get("ApiVersion", ""),
                    "os": version.get("Os", ""), "arch": version.get("Arch", "")},
         "started_at": started,
-        "durations_s": {"context": round(t_context, 3), "total": round(total_s, 3)},
         "cached": cached,
-        "steps": total,
+        "steps": steps,
         "image_size_bytes": int(image.attrs.get("Size", 0)),
+        # What the in-image probe computed at build time, in the image's own environment.
+        "conformance_fingerprint": image_conformance_fingerprint(client, image_id),
     }
+    if context is not None:
+        record["context"] = context
     if arm:
         record["arm"] = arm
-    fingerprint = _host_conformance_fingerprint()
-    if fingerprint is not None:
-        record["conformance_fingerprint"] = fingerprint
-    record_path = write_build_record(record, workspace)
-    return BuildResult(plan.tag, image_id, cached, total, record["durations_s"], record_path, record)
+    record["durations_s"] = {**durations, "total": round(time.monotonic() - t0, 3)}
+    return record
 
 
 def _failure_reason(log: list[str], error: str) -> str:
@@ -322,15 +434,22 @@ def _failure_reason(log: list[str], error: str) -> str:
     return error.strip()
 
 
-def _host_conformance_fingerprint():
+def image_conformance_fingerprint(client, image_id: str):
+    """The kernel-conformance fingerprint the in-image probe recorded at build time.
+
+    A 64-hex string, or ``{"error": why}`` when the image holds none: a missing fingerprint is
+    stated, never left out.
+    """
+    data = read_image_file(client, image_id, PROBE_AT_BUILD_PATH)
+    if data is None:
+        return {"error": f"the image has no {PROBE_AT_BUILD_PATH} (not built by this kit's Dockerfiles)"}
     try:
-        from rlk_kernels.smoke import conformance_fingerprint  # type: ignore[import-not-found]
-    except Exception:
-        return None
-    try:
-        return conformance_fingerprint()
-    except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        probe = json.loads(data)
+    except ValueError as exc:
+        return {"error": f"{PROBE_AT_BUILD_PATH} is not JSON: {exc}"[:300]}
+    if "conformance_fingerprint" not in probe:
+        return {"error": f"{PROBE_AT_BUILD_PATH} carries no conformance_fingerprint (probe run with --no-conformance)"}
+    return probe["conformance_fingerprint"]
 
 
 def write_build_record(record: dict, workspace: Path) -> Path:
@@ -389,17 +508,45 @@ def check_image(image_ref_or_id: str, stack, *, client=None) -> ImageCheck:
 
 def read_embedded_stack(client, image_id: str) -> dict | None:
     """The stack document baked at /opt/rlk/stack.json, read from a created (never started) container."""
+    data = read_image_file(client, image_id, STACK_PATH)
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def read_image_file(client, image_id: str, path: str) -> bytes | None:
+    """The bytes of one regular file of an image (None when absent), from a created, never started container."""
     container = client.containers.create(image_id, command=["true"])
     try:
         try:
-            chunks, _ = container.get_archive(STACK_PATH)
+            chunks, _ = container.get_archive(path)
         except Exception:
             return None
         with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
             member = tar.getmembers()[0]
-            return json.loads(tar.extractfile(member).read())
+            handle = tar.extractfile(member) if member.isfile() else None
+            return handle.read() if handle is not None else None
     finally:
         container.remove(force=True)
+
+
+def image_stack_name(image_ref: str, *, client=None) -> str:
+    """The stack an image says it holds (its ``dev.rlk-kit.stack.name`` label); BadInput when it says none."""
+    import docker
+
+    client = client or engine()
+    try:
+        image = client.images.get(image_ref)
+    except docker.errors.ImageNotFound:
+        raise BadInput(f"image {image_ref!r} is not on this engine; build it with `kit build`") from None
+    name = (image.labels or {}).get(f"{LABEL_PREFIX}.stack.name")
+    if not name:
+        raise BadInput(f"image {image_ref!r} has no {LABEL_PREFIX}.stack.name label (not built by `kit build`); "
+                       "name the stack it must hold with --arm A or --stack S")
+    return name
 
 
 @dataclass(frozen=True)
@@ -432,8 +579,10 @@ def verify_image_by_probe(image_ref: str, stack, *, client=None, timeout_s: int 
     # exit 1 (pins differ) still prints the document, which is compared here again.
     script = 'printf "%s" "$KIT_PROBE_STACK" > /tmp/kit-probe-stack.json && ' \
              'exec kit probe --json --no-conformance --check-stack /tmp/kit-probe-stack.json'
-    container = client.containers.run(image_ref, command=["sh", "-c", script], detach=True, network_mode="none",
-                                      environment={"KIT_PROBE_STACK": json.dumps(stack_doc)})
+    # The kit's entrypoint, whatever the image's default became (a committed container may have
+    # changed it): it puts the stack's venv first on PATH, which is what the probe must observe.
+    container = client.containers.run(image_ref, command=["sh", "-c", script], entrypoint=[ENTRYPOINT], detach=True,
+                                      network_mode="none", environment={"KIT_PROBE_STACK": json.dumps(stack_doc)})
     try:
         status = container.wait(timeout=timeout_s)
         out = container.logs(stdout=True, stderr=False)

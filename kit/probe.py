@@ -63,9 +63,7 @@ def observed_identity(stack: dict | None = None, *, source_roots: dict[str, Path
 
         doc["stack"] = {"name": stack.get("name", ""), "sha256": sha256_of_document(stack_identity(stack))}
     if include_conformance:
-        fingerprint = _conformance_fingerprint()
-        if fingerprint is not None:
-            doc["conformance_fingerprint"] = fingerprint
+        doc["conformance_fingerprint"] = _conformance_fingerprint()
     return doc
 
 
@@ -269,11 +267,15 @@ def _gpus() -> list[dict]:
 
 
 def _conformance_fingerprint():
-    """The kernel-conformance fingerprint when the kernels package provides one (None otherwise)."""
+    """The kernel-conformance fingerprint (64 hex), or ``{"error": why}`` when it cannot be computed.
+
+    Never None: a probe asked for the fingerprint states why it has none (the kernels package is
+    not installed, torch is missing, the oracle failed), so its absence is itself an observation.
+    """
     try:
-        from rlk_kernels.smoke import conformance_fingerprint  # type: ignore[import-not-found]
-    except Exception:
-        return None
+        from rlk_kernels.conformance import conformance_fingerprint
+    except Exception as exc:  # ImportError, or torch failing to import underneath
+        return {"error": f"rlk_kernels.conformance is not importable: {type(exc).__name__}: {exc}"[:300]}
     try:
         return conformance_fingerprint()
     except Exception as exc:  # reported, not hidden: a failing oracle is an observation

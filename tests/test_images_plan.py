@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from kit import smoke_sources
-from kit.build_plan import ContextEntry, context_tar, inputs_sha256
+from kit.build_plan import ContextEntry, build_args, context_tar, inputs_sha256, labels, pin_labels
 from kit.build_sources import parse_source_overrides
 from kit.catalog import Catalog
 from kit.documents import sha256_of_file
@@ -164,3 +164,108 @@ def test_cli_errors_are_exit_2(tmp_path):
     both = run_kit("build", "cpu", "--arm", "smoke", "--stack", "smoke", "--dry-run", "--workspace", ws)
     assert both.returncode == 2 and "exactly one" in both.stderr
     assert "Traceback" not in unknown.stderr + no_base.stderr + both.stderr
+
+
+def test_vime_current_patch_is_present_and_matches_its_pin():
+    vime = Catalog.default().stack("vime-current").source("vime")
+    patch = REPO / "manifests" / vime["patches"][0]["path"]
+    assert patch.is_file(), patch
+    assert sha256_of_file(patch) == vime["patches"][0]["sha256"]
+
+
+def _manifests_copy(tmp_path: Path) -> Path:
+    manifests = tmp_path / "manifests"
+    shutil.copytree(REPO / "manifests", manifests)
+    return manifests
+
+
+def test_missing_patch_is_bad_input_naming_stack_file_field_and_path(tmp_path):
+    manifests = _manifests_copy(tmp_path)
+    (manifests / "patches" / "vime.patch").unlink()
+    # vime is not fetched in a dry run: the patch is checked all the same.
+    proc = run_kit("build", "cuda", "--stack", "vime-current", "--dry-run", "--workspace", str(tmp_path / "ws"),
+                   env={"KIT_MANIFESTS": str(manifests)})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert str(manifests / "stack-vime-current.json") in proc.stderr
+    assert "/sources/0/patches/0/path" in proc.stderr
+    assert str(manifests / "patches" / "vime.patch") in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_patch_with_another_sha256_fails_a_dry_run_with_exit_1(tmp_path):
+    manifests = _manifests_copy(tmp_path)
+    patch = manifests / "patches" / "vime.patch"
+    patch.write_bytes(patch.read_bytes() + b"\n")
+    proc = run_kit("build", "cuda", "--stack", "vime-current", "--dry-run", "--json", "--workspace",
+                   str(tmp_path / "ws"), env={"KIT_MANIFESTS": str(manifests)})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    plan = json.loads(proc.stdout)                       # the plan is still printed in full
+    assert len(plan["problems"]) == 1 and "vime.patch" in plan["problems"][0]
+    assert "a7010a4408a10e2030d2a8bdf5ebae0f5db7ea2c6890cca4a867142a1ca41b37" in proc.stderr
+    text = run_kit("build", "cuda", "--stack", "vime-current", "--dry-run", "--workspace",
+                   str(tmp_path / "ws"), env={"KIT_MANIFESTS": str(manifests)})
+    assert text.returncode == 1 and "problem: source vime" in text.stdout
+
+
+def test_dry_run_lists_patches_of_unfetched_sources(tmp_path):
+    proc = run_kit("build", "cuda", "--stack", "vime-current", "--dry-run", "--json", "--workspace", str(tmp_path / "ws"))
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    entry = next(e for e in plan["context"] if e["path"] == "patches/vime/0-vime.patch")
+    assert entry["digest"] == "sha256:a7010a4408a10e2030d2a8bdf5ebae0f5db7ea2c6890cca4a867142a1ca41b37"
+    assert plan["build_args"]["VIME_PATCHES"] == "a7010a4408a10e2030d2a8bdf5ebae0f5db7ea2c6890cca4a867142a1ca41b37:0-vime.patch"
+
+
+def test_labels_name_the_kit_checkout_not_a_placeholder(tmp_path):
+    plan = _dry_run("cuda", "G10", tmp_path)
+    lab = plan["labels"]
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # HEAD may move while the test runs in a shared checkout; the form is what is fixed.
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", lab["org.opencontainers.image.revision"])
+    assert len(head) == 40
+    assert re.fullmatch(r"[0-9a-f]{64}", lab["dev.rlk-kit.kit.source-sha256"])
+    assert "rlk-kit.dev" not in json.dumps(lab)
+    has_origin = subprocess.run(["git", "-C", str(REPO), "remote", "get-url", "origin"], capture_output=True).returncode == 0
+    assert ("org.opencontainers.image.source" in lab) == has_origin
+
+
+def test_labels_without_checkout_omit_source_and_revision_and_record_the_local_base():
+    stack = Catalog.default().stack("smoke")
+    lab = labels(stack.document, stack.sha256, "cpu", inputs_sha256="0" * 64, kit_version="0.1.0",
+                 base_image_id="sha256:" + "1" * 64)
+    assert "org.opencontainers.image.source" not in lab and "org.opencontainers.image.revision" not in lab
+    assert lab["dev.rlk-kit.base.id"] == "sha256:" + "1" * 64
+    # Build-dependent labels are not pins: an image built elsewhere still matches its stack.
+    pins = pin_labels(stack.document, stack.sha256, "cpu")
+    assert "dev.rlk-kit.base.id" not in pins and "dev.rlk-kit.kit.source-sha256" not in pins
+    digest = Catalog.default().stack("vime-g10")
+    lab = labels(digest.document, digest.sha256, "cuda", inputs_sha256="0" * 64, kit_version="0.1.0",
+                 base_image_id="sha256:" + "1" * 64)
+    assert "dev.rlk-kit.base.id" not in lab and lab["org.opencontainers.image.base.digest"].startswith("sha256:")
+
+
+def test_build_tools_and_kit_requirements_are_exact_and_yield_to_stack_pins():
+    stack = Catalog.default().stack("vime-g10")
+    args = build_args(stack.document, "cuda")
+    for key in ("BUILD_TOOLS", "KIT_REQUIREMENTS"):
+        reqs = args[key].split()
+        assert reqs and all(re.fullmatch(r"[a-z0-9-]+==[0-9][0-9a-z.]*", r) for r in reqs), args[key]
+    assert {r.split("==")[0] for r in args["BUILD_TOOLS"].split()} == {"pip", "setuptools", "wheel", "packaging", "pybind11"}
+    assert {r.split("==")[0] for r in args["KIT_REQUIREMENTS"].split()} == {"click", "jsonschema"}
+    pinned = json.loads(json.dumps(stack.document))
+    pinned["packages"]["click"] = "8.1.7"
+    pinned["packages"]["setuptools"] = "75.0.0"
+    args = build_args(pinned, "cuda")
+    assert "click==8.1.7" in args["PACKAGES"].split() and "click" not in args["KIT_REQUIREMENTS"]
+    assert not any(r.startswith("setuptools==") for r in args["BUILD_TOOLS"].split())
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.cuda", "Dockerfile.rocm"])
+def test_dockerfiles_install_nothing_unpinned(dockerfile):
+    text = (REPO / dockerfile).read_text()
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert ">=" not in code and "~=" not in code
+    for name in ("click", "jsonschema", "pip setuptools", "wheel", "packaging", "pybind11"):
+        assert not re.search(rf"(?<![\w/-]){name}(?![\w=-])", code.replace("pip install", "").replace("/pip ", " ")), name
+    assert re.search(r"^ARG BUILD_TOOLS$", text, re.M) and re.search(r"^ARG KIT_REQUIREMENTS$", text, re.M)
+    assert "${BUILD_TOOLS} ${KIT_REQUIREMENTS}" in code

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import platform
+import re
+import sys
 
 import pytest
 
@@ -88,3 +90,18 @@ def test_cli_check_stack_exit_codes(repos, host_stack, tmp_path):
     assert bad.returncode == 1 and "sources.vime.tree" in bad.stderr
     missing = run_kit("probe", "--check-stack", str(tmp_path / "nope.json"))
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_probe_document_carries_the_conformance_fingerprint(repos, host_stack):
+    observed = observed_identity(host_stack, source_roots=repos)
+    assert schema_problems(observed) == []
+    # A 64-hex string comes only from rlk_kernels.conformance; any failure would be {"error": ...}.
+    assert re.fullmatch(r"[0-9a-f]{64}", observed["conformance_fingerprint"]), observed["conformance_fingerprint"]
+
+
+def test_a_missing_fingerprint_is_stated_not_dropped(repos, host_stack, monkeypatch):
+    monkeypatch.setitem(sys.modules, "rlk_kernels.conformance", None)   # import fails
+    observed = observed_identity(host_stack, source_roots=repos)
+    assert schema_problems(observed) == []
+    assert "rlk_kernels.conformance is not importable" in observed["conformance_fingerprint"]["error"]
+    assert "conformance_fingerprint" not in observed_identity(host_stack, source_roots=repos, include_conformance=False)

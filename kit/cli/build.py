@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import click
 
-from kit.errors import BadInput
+from kit.errors import BadInput, CheckFailed
 
 
 def default_workspace() -> Path:
@@ -22,7 +23,8 @@ def default_workspace() -> Path:
 @click.option("--source", "sources", multiple=True, metavar="NAME=PATH",
               help="Take a source from a local checkout or bare repository; its HEAD must be the pin.")
 @click.option("--no-cache", is_flag=True, help="Ignore the engine's build cache.")
-@click.option("--dry-run", is_flag=True, help="Print the plan (Dockerfile, build args, labels, context); no engine.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan (Dockerfile, build args, labels, context); no engine. Exit 1 if it lists problems.")
 @click.option("--json", "as_json", is_flag=True, help="Machine output: the plan or the build record.")
 @click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Where sources, wheelhouses and build records go (default $KIT_WORKSPACE or ./.workspace).")
@@ -49,21 +51,28 @@ def command(platform, arm, stack_name, sources, no_cache, dry_run, as_json, work
         raise BadInput(f"stack {stack.name!r} is abstract (a shared layer); build a stack that extends it")
     workspace = (workspace or default_workspace()).resolve()
     overrides = parse_source_overrides(sources)
+    t0 = time.monotonic()
     plan = plan_build(stack, platform, workspace=workspace, overrides=overrides, dry_run=dry_run)
     if dry_run:
         if as_json:
             click.echo(dumps_pretty({"schema_note": "build plan (not a stored document)", **plan.to_json()}), nl=False)
         else:
             _print_plan(plan)
+        if plan.problems:
+            raise CheckFailed(f"the plan for {plan.tag} lists {len(plan.problems)} problem(s); a build would fail: "
+                              + "; ".join(plan.problems))
         return
     progress = None if as_json else _progress_printer()
     result = build_image(plan, workspace=workspace, nocache=no_cache, progress=progress, arm=arm,
-                         sources_from=_sources_from(stack, overrides, workspace))
+                         sources_from=_sources_from(stack, overrides, workspace), plan_s=time.monotonic() - t0)
     if as_json:
         click.echo(dumps_pretty(result.record), nl=False)
     else:
         sys.stderr.write("\n")
-        state = "cache hit" if result.cached else "built"
+        if result.reused:
+            state = "cache hit: the tag holds an image of these inputs, nothing sent to the engine"
+        else:
+            state = "cache hit" if result.cached else "built"
         click.echo(f"{result.tag}  {result.image_id}  ({state}, {result.durations_s['total']:.1f} s)")
         click.echo(f"build record: {result.record_path}")
 

@@ -57,6 +57,9 @@ def command(check_stack, source_roots, no_conformance, as_json):
         if observed["torch"]:
             t = observed["torch"]
             click.echo(f"  torch {t.get('version')} cuda={t.get('cuda')} hip={t.get('hip')}")
+        if "conformance_fingerprint" in observed:
+            fp = observed["conformance_fingerprint"]
+            click.echo(f"  conformance fingerprint {fp if isinstance(fp, str) else 'MISSING: ' + str(fp.get('error'))}")
     if differences:
         shown = "; ".join(f"{f}: expected {e}, observed {o}" for f, e, o in differences)
         raise CheckFailed(f"{len(differences)} pin(s) differ from {check_stack}: {shown}")

@@ -12,7 +12,8 @@ from kit.errors import BadInput
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--image", "image", metavar="REF", help="Run the probe in a container of REF and compare it with the stack of --arm/--stack.")
+@click.option("--image", "image", metavar="REF", help="Run the probe in a container of REF and compare it with a stack "
+              "(--arm/--stack, else the one its dev.rlk-kit.stack.name label names).")
 @click.option("--arm", "arm_name", metavar="A", help="With --image: the arm whose stack the image must hold.")
 @click.option("--stack", "stack_name", metavar="S", help="With --image: the stack the image must hold.")
 @click.option("--key", "public_key", type=click.Path(path_type=Path, dir_okay=False), help="ed25519 public key a run dir's seal must be signed with.")
@@ -32,6 +33,7 @@ def command(paths, image, arm_name, stack_name, public_key, in_toto, as_json):
       kit verify --json manifests/G10.json
       kit verify .workspace/runs/smoke-n40-s1234-20261202T101010Z
       kit verify --image rlk-kit/smoke:cpu-0123456789ab --arm smoke
+      kit verify --image rlk-kit/smoke:cpu-0123456789ab     # the stack its label names
     """
     from kit.verify import FileVerdict, verify_document_file
 
@@ -67,14 +69,23 @@ def _verify_image(image: str, arm_name: str | None, stack_name: str | None):
     from kit.catalog import Catalog
     from kit.images import verify_image_by_probe  # docker-py shell: kit/images.py
 
-    if bool(arm_name) == bool(stack_name):
-        raise BadInput("--image needs exactly one of --arm A or --stack S (the stack the image must hold)")
-    from kit.images import check_image
+    if arm_name and stack_name:
+        raise BadInput("--image takes at most one of --arm A or --stack S (the stack the image must hold)")
+    from kit.images import check_image, image_stack_name
     from kit.verify import FileVerdict
 
     catalog = Catalog.default()
+    from_label = None
+    if not arm_name and not stack_name:
+        # The image's own claim picks the stack; the catalog's current document of that name is
+        # what it is held to, so a stack edited since the build shows up as differences.
+        from_label = image_stack_name(image)
+        stack_name = from_label
     stack = catalog.arm(arm_name).stack if arm_name else catalog.stack(stack_name)
     verdict = FileVerdict(f"image {image}", kind="image")
+    if from_label:
+        verdict.notes.append(f"no --arm/--stack given: checked against stack {from_label!r} from the image's "
+                             f"dev.rlk-kit.stack.name label ({catalog.stack_docs[from_label][1]})")
     labels = check_image(image, stack)           # what the image claims
     probe = verify_image_by_probe(image, stack)  # what a container of it observes
     verdict.problems = [(f"label {name}", f"expected {want!r}, found {got!r}") for name, want, got in labels.differences]
