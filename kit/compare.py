@@ -105,7 +105,9 @@ def declared_between(doc_a: dict, doc_b: dict) -> tuple[tuple[str, ...], list[st
         decl = this.get("comparison")
         if decl and decl["with"] == other["name"]:
             factors += [f for f in decl["factors"] if f not in factors]
-    if not factors:
+    if not factors and doc_a["name"] == doc_b["name"]:
+        notes.append(f"both are arm {doc_a['name']}: every difference is uncontrolled")
+    elif not factors:
         notes.append(f"neither {doc_a['name']} nor {doc_b['name']} declares a comparison with the other; "
                      "every difference is uncontrolled")
     return tuple(factors), notes
@@ -131,6 +133,18 @@ RUN_VOLATILE_KEYS = frozenset({
     "hostname", "host", "timestamp", "time", "created_at", "started_at", "finished_at", "observed_at", "probed_at",
     "pid", "node_id", "node_ip", "ip", "address", "uptime", "boot_id", "container_id", "run_id", "run_dir",
 })
+# Paths (in the run view) that name where software sits, not what it is: the interpreter of one venv is
+# reached through different paths (a Ray worker resolves symlinks that the shell keeps); its version and
+# implementation are compared.
+RUN_VOLATILE_PATHS = frozenset({"observed.python.executable"})
+# Distributions that a Ray worker has on sys.path in addition to the environment's own: the ray wheel
+# vendors them in ray/thirdparty_files and prepends that directory for its workers. A probe that ran as
+# a Ray task lists them in its freeze; the same environment probed outside Ray does not.
+RAY_RUNTIME_ONLY_PACKAGES = frozenset({"psutil", "colorama", "setproctitle"})
+FREEZE_PREFIX = "observed.freeze."
+# Probe fields that some probes do not measure (the per-node probe on a Ray cluster runs without the
+# conformance check). Absent on one side is "not measured", not a difference; two values are compared.
+MEASURED_ONLY_SOMETIMES = frozenset({"observed.conformance_fingerprint"})
 
 
 def _without_volatile(value: Any) -> Any:
@@ -141,9 +155,19 @@ def _without_volatile(value: Any) -> Any:
     return value
 
 
+def freeze_versions(freeze: list) -> dict[str, str]:
+    """``["Name==1.0", ...]`` as ``{"name": "1.0"}`` (names lower-cased), so a diff names the package."""
+    out = {}
+    for entry in freeze:
+        name, sep, version = str(entry).partition("==")
+        out[name.strip().lower()] = version.strip() if sep else str(entry)
+    return out
+
+
 def run_view(manifest: dict) -> dict:
     """What defines a run for comparison: the arm's experiment fields, the stack content, the image id
-    and the observed identity (volatile fields such as hostnames and times removed)."""
+    and the observed identity (volatile fields such as hostnames and times removed; the package freeze
+    keyed by package name)."""
     from kit.stack import stack_identity
 
     arm = manifest["arm"]
@@ -151,15 +175,48 @@ def run_view(manifest: dict) -> dict:
     view["stack"] = stack_identity(manifest["stack"]["document"])
     image = manifest.get("image") or {}
     view["image"] = {"id": image.get("id")}
-    view["observed"] = _without_volatile(manifest.get("observed_identity") or {})
+    observed = _without_volatile(manifest.get("observed_identity") or {})
+    if isinstance(observed.get("freeze"), list):
+        observed["freeze"] = freeze_versions(observed["freeze"])
+    view["observed"] = observed
     return view
+
+
+def probed_under_ray(manifest: dict) -> bool:
+    """Whether the recorded identity came from a probe that ran as a Ray task (ray runtime, local Ray head)
+    rather than in a plain process (in-process local run, ``kit probe`` exec'd in a container)."""
+    runtime = manifest.get("runtime") or {}
+    return runtime.get("kind") == "ray" or runtime.get("ray_head") is True
+
+
+def runtime_only(diff: Difference, manifest_a: dict, manifest_b: dict) -> str | None:
+    """Why a difference is not a software difference of the workload, or None when it may be one.
+
+    Only a package that Ray itself puts on a worker's path, present in the freeze of the run probed under
+    Ray and absent from the other's, which was not: any other freeze difference (another package, another
+    version of a vendored one, both or neither run under Ray) stays uncontrolled."""
+    if not diff.path.startswith(FREEZE_PREFIX):
+        return None
+    name = diff.path[len(FREEZE_PREFIX):]
+    if name not in RAY_RUNTIME_ONLY_PACKAGES:
+        return None
+    ray_a, ray_b = probed_under_ray(manifest_a), probed_under_ray(manifest_b)
+    if ray_a == ray_b:
+        return None
+    in_ray, outside = (diff.a, diff.b) if ray_a else (diff.b, diff.a)
+    if outside != _MISSING or in_ray == _MISSING:
+        return None
+    return (f"{diff.path} = {in_ray} only in the run probed as a Ray task: the ray wheel vendors {name} for its "
+            "workers (ray/thirdparty_files); not part of the environment both runs share")
 
 
 def compare_run_manifests(manifest_a: dict, manifest_b: dict) -> Comparison:
     """Every difference between two runs, declared factor or uncontrolled.
 
     Factors come from the arms' ``comparison`` declarations. When a factor names the stack, the image
-    and the observed identity are expected to differ with it and are covered too. Example::
+    and the observed identity are expected to differ with it and are covered too. The interpreter's path
+    is volatile, and a package that only Ray's workers carry is explained in a note (see
+    :func:`runtime_only`). Example::
 
         result = compare_run_manifests(read_manifest(a), read_manifest(b))
         [d.path for d in result.uncontrolled]     # e.g. ['observed.packages.torch']
@@ -169,5 +226,18 @@ def compare_run_manifests(manifest_a: dict, manifest_b: dict) -> Comparison:
     if any(f == "stack" or f.startswith("stack.") for f in factors):
         factors = tuple(factors) + ("image", "observed")
         notes.append("the stack is a declared factor, so the image id and the observed identity may differ with it")
-    diffs = classify(flatten(run_view(manifest_a)), flatten(run_view(manifest_b)), tuple(factors))
+    diffs = []
+    for d in classify(flatten(run_view(manifest_a)), flatten(run_view(manifest_b)), tuple(factors)):
+        if d.path in RUN_VOLATILE_PATHS:
+            continue
+        if d.path in MEASURED_ONLY_SOMETIMES and _MISSING in (d.a, d.b):
+            side = "B" if d.b == _MISSING else "A"
+            notes.append(f"{d.path}: not measured by run {side}'s probe (the per-node probe on Ray skips the "
+                         "conformance check); not compared")
+            continue
+        why = runtime_only(d, manifest_a, manifest_b) if d.status == UNCONTROLLED else None
+        if why:
+            notes.append(why)
+            continue
+        diffs.append(d)
     return Comparison(manifest_a["run_id"], manifest_b["run_id"], tuple(diffs), tuple(factors), tuple(notes))

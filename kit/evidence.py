@@ -124,6 +124,28 @@ def write_document(run_dir: Path, name: str, doc: dict) -> Path:
     return write_new_document(Path(run_dir) / name, doc)
 
 
+def replace_status(run_dir: Path, doc: dict) -> Path:
+    """Replace a detached run's status.json with its final one, atomically (``kit run --attach``).
+
+    The only artifact ever rewritten, and only while the status says ``detached``: a final status is
+    written once, and a sealed run dir is never written again."""
+    from kit.documents import dumps_pretty, require_valid
+
+    _refuse_if_sealed(run_dir)
+    path = Path(run_dir) / STATUS
+    current = _status_of(Path(run_dir))
+    if current != "detached":
+        raise CheckFailed(f"{path}: status is {current}; only a detached run's status is replaced")
+    require_valid(doc, str(path))
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(dumps_pretty(doc).encode("utf-8"))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
 # --- hashing -------------------------------------------------------------------------------------------
 
 def artifact_paths(run_dir: Path) -> list[str]:
@@ -192,13 +214,18 @@ def build_seal(run_dir: Path, *, run_id: str, validation_passed: bool, gate_set_
 
 
 def seal_run_dir(run_dir: Path, *, run_id: str, validation_passed: bool, gate_set_version: str,
-                 sign_key: Path | None = None) -> dict:
-    """Write seal.json last and atomically, then make every file read-only."""
+                 sign_key: Path | None = None, private_key=None) -> dict:
+    """Write seal.json last and atomically, then make every file read-only.
+
+    ``private_key`` (loaded with :func:`load_private_key` before the run started) or ``sign_key``
+    (a path, loaded now) signs the seal."""
     run_dir = Path(run_dir)
     _refuse_if_sealed(run_dir)
+    if private_key is None and sign_key is not None:
+        private_key = load_private_key(sign_key)
     seal = build_seal(run_dir, run_id=run_id, validation_passed=validation_passed, gate_set_version=gate_set_version)
-    if sign_key is not None:
-        seal["signature"] = sign_document(seal, load_private_key(sign_key))
+    if private_key is not None:
+        seal["signature"] = sign_document(seal, private_key)
     write_new_document(run_dir / SEAL, seal)
     for rel in [*artifact_paths(run_dir), SEAL]:
         path = run_dir / rel
@@ -209,19 +236,20 @@ def seal_run_dir(run_dir: Path, *, run_id: str, validation_passed: bool, gate_se
 
 # --- signing -----------------------------------------------------------------------------------------------
 
-def _read_key_bytes(path: Path, what: str) -> bytes:
+def _read_key_bytes(path: Path, what: str, flag: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise BadInput(f"{path}: cannot read the {what} ({exc.strerror})") from None
+        raise BadInput(f"{flag} {path}: cannot read the {what} ({exc.strerror or exc})") from None
 
 
 def load_private_key(path: Path):
     """An ed25519 private key: PEM (PKCS#8, unencrypted) or the raw 32 bytes."""
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    raw = _read_key_bytes(path, "signing key")
+    raw = _read_key_bytes(path, "ed25519 private key", "--sign-key")
     try:
         if raw.lstrip().startswith(b"-----BEGIN"):
             key = serialization.load_pem_private_key(raw, password=None)
@@ -229,7 +257,7 @@ def load_private_key(path: Path):
             key = Ed25519PrivateKey.from_private_bytes(raw)
         else:
             raise ValueError("neither PEM nor 32 raw bytes")
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         raise BadInput(f"--sign-key {path}: not an unencrypted ed25519 private key (PEM PKCS#8 or 32 raw bytes): {exc}") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise BadInput(f"--sign-key {path}: is a {type(key).__name__}, expected an ed25519 key")
@@ -238,10 +266,11 @@ def load_private_key(path: Path):
 
 def load_public_key(path: Path):
     """An ed25519 public key: PEM (SubjectPublicKeyInfo), 32 raw bytes, or 64 hex / base64 text."""
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    raw = _read_key_bytes(path, "public key")
+    raw = _read_key_bytes(path, "ed25519 public key", "--key")
     try:
         if raw.lstrip().startswith(b"-----BEGIN"):
             key = serialization.load_pem_public_key(raw)
@@ -251,7 +280,7 @@ def load_public_key(path: Path):
             text = raw.decode("ascii").strip()
             data = bytes.fromhex(text) if len(text) == 64 else base64.b64decode(text, validate=True)
             key = Ed25519PublicKey.from_public_bytes(data)
-    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+    except (ValueError, TypeError, UnicodeDecodeError, UnsupportedAlgorithm) as exc:
         raise BadInput(f"--key {path}: not an ed25519 public key (PEM, 32 raw bytes, hex or base64): {exc}") from None
     if not isinstance(key, Ed25519PublicKey):
         raise BadInput(f"--key {path}: is a {type(key).__name__}, expected an ed25519 key")
@@ -406,7 +435,13 @@ def compare_run_dirs(a: Path, b: Path):
 
     from kit.compare import compare_run_manifests
 
-    result = compare_run_manifests(read_manifest(a), read_manifest(b))
+    def manifest_of(label: str, run_dir: Path) -> dict:
+        try:
+            return read_manifest(run_dir)
+        except BadInput as exc:
+            raise BadInput(f"argument {label}: {exc}") from None
+
+    result = compare_run_manifests(manifest_of("A", a), manifest_of("B", b))
     notes = list(result.notes)
     for run_dir in (a, b):
         if not is_sealed(Path(run_dir)):

@@ -346,23 +346,48 @@ def evaluate(ev: RunEvidence, *, run_id: str, gates: tuple[Gate, ...] = GATES) -
 
 REWARD_KEYS = ("rollout/raw_reward", "rollout/rewards")
 STEP_TIME_KEYS = ("perf/step_time",)
+GBS_KEY = "train/global_batch_size"
+
+
+def step_global_batch_size(payload: dict, arm: dict | None) -> int | None:
+    """Samples per step: the step record's ``train/global_batch_size``, else the arm's workload value."""
+    for value in (payload.get(GBS_KEY), ((arm or {}).get("workload") or {}).get("global_batch_size")):
+        if _number(value) and value > 0:
+            return int(value)
+    return None
+
+
+def mismatch_count(per_sample_mean, global_batch_size) -> float | int | None:
+    """Bitwise-mismatched tokens of one step. VIME (and the smoke workload) log
+    ``train_current_rollout_logprob_mismatch_count`` as a per-sample mean; the count is that mean
+    times the global batch size (reference §4.2, as collect_results and ``kit analyze`` compute it)."""
+    if not _number(per_sample_mean) or not _number(global_batch_size) or not math.isfinite(per_sample_mean):
+        return None
+    count = float(per_sample_mean) * global_batch_size
+    return int(round(count)) if abs(count - round(count)) < 1e-6 else count
 
 
 def summarize(ev: RunEvidence) -> dict:
-    """Figures for the run's summary table: steps seen, last reward, mismatch totals, mean step time."""
+    """Figures for the run's summary table: steps seen, last reward, mismatched-token counts (per-sample
+    mean × global batch size, summed over steps and at the last step), max |Δlogp|, mean step time."""
     steps = ev.steps if not isinstance(ev.steps, RecordConflict) else {}
-    train = [s for s in steps.values() if "train" in s.payloads]
-    mismatches = [s.value(MISMATCH_KEY) for s in train if _number(s.value(MISMATCH_KEY))]
+    train = [s for _, s in sorted(steps.items()) if "train" in s.payloads]
+    counts = [mismatch_count(s.value(MISMATCH_KEY), step_global_batch_size(s.payloads["train"], ev.arm))
+              for s in train if _number(s.value(MISMATCH_KEY))]
+    counts = [c for c in counts if c is not None]
     maxdiffs = [s.value(MAX_DIFF_KEY) for s in train if _number(s.value(MAX_DIFF_KEY))]
     times = [s.value(k) for s in steps.values() for k in STEP_TIME_KEYS if _number(s.value(k))]
     last = steps[max(steps)] if steps else None
     reward = next((last.value(k) for k in REWARD_KEYS if last and _number(last.value(k))), None)
+    total = sum(counts) if counts else None
+    if isinstance(total, float) and abs(total - round(total)) < 1e-6:
+        total = int(round(total))
     return {
         "steps_expected": ev.expected_steps,
         "steps_observed": len(train),
         "last_reward": _json_number(reward),
-        "mismatch_count_total": _json_number(sum(mismatches)) if mismatches else None,
-        "mismatch_count_last": _json_number(mismatches[-1]) if mismatches else None,
+        "mismatch_count_total": _json_number(total),
+        "mismatch_count_last": _json_number(counts[-1]) if counts else None,
         "max_abs_dlogp": _json_number(max(maxdiffs)) if maxdiffs else None,
         "mean_step_time_s": _json_number(sum(times) / len(times)) if times else None,
     }

@@ -25,7 +25,7 @@ from typing import Callable, TextIO
 
 from kit import evidence as E
 from kit.documents import schema_id, sha256_of_document, sha256_of_file
-from kit.errors import BadInput
+from kit.errors import BadInput, CheckFailed, KitError
 from kit.redact import Redactor, is_secret_name, redact_env
 
 INTERRUPTED_EXIT = 130
@@ -233,25 +233,32 @@ def repository_state(root: Path = KIT_ROOT) -> dict:
 
 
 class Progress:
-    """Steps done of N from the step records, ETA and the last mismatch count, on stderr."""
+    """Steps done of N from the step records, ETA and the last step's mismatched-token count, on stderr.
 
-    def __init__(self, total: int, stream: TextIO | None):
-        self.total, self.stream = total, stream
+    The engine logs the mismatch as a per-sample mean; the display shows the count (mean × global
+    batch size, reference §4.2), the same figure the run summary and ``kit analyze`` report."""
+
+    def __init__(self, total: int, stream: TextIO | None, arm: dict | None = None):
+        self.total, self.stream, self.arm = total, stream, arm
         self.done, self.started, self.last_print = 0, time.monotonic(), 0.0
         self.mismatch = None
         self.tty = bool(stream) and hasattr(stream, "isatty") and stream.isatty()
 
     def record(self, rec) -> None:
+        from kit.gates import MISMATCH_KEY, mismatch_count, step_global_batch_size
+
         if self.stream is None or rec.kind != "step":
             return
         self.done += 1
-        self.mismatch = rec.payload.get("train/train_current_rollout_logprob_mismatch_count", self.mismatch)
+        if MISMATCH_KEY in rec.payload:
+            self.mismatch = mismatch_count(rec.payload[MISMATCH_KEY], step_global_batch_size(rec.payload, self.arm))
         now = time.monotonic()
         if self.tty or now - self.last_print >= 2.0 or self.done == self.total:
             self.last_print = now
             elapsed = now - self.started
             eta = elapsed / self.done * max(self.total - self.done, 0)
-            text = f"step {self.done}/{self.total}  ETA {eta:5.0f} s  last mismatch {self.mismatch}"
+            shown = "-" if self.mismatch is None else f"{self.mismatch:g} tokens"
+            text = f"step {self.done}/{self.total}  ETA {eta:5.0f} s  last step mismatched {shown}"
             self.stream.write(("\r" + text + ("\n" if self.done == self.total else "")) if self.tty else text + "\n")
             self.stream.flush()
 
@@ -303,10 +310,29 @@ def default_run_id(arm, rollouts: int | None) -> str:
     return f"{arm.name.lower()}-n{rollouts or wl['rollouts']}-s{wl['seed']}-{now.strftime('%Y%m%dT%H%M%S%fZ')}"
 
 
-def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callable[[str], None] = lambda s: None) -> RunOutcome:
-    """The whole run; never raises for a job that fails or is interrupted (that is the outcome)."""
-    from kit.runtimes import make_runtime
+# Flags that only one runtime reads: given to another, they would be silently ignored.
+RUNTIME_ONLY_FLAGS = (("image", "--image", "docker"), ("network", "--network", "docker"),
+                      ("ray_address", "--ray-address", "ray"))
+ATTACH_TIMEOUT_S = 20.0
 
+
+def check_workspace(path: Path, source: str = "--workspace or KIT_WORKSPACE") -> None:
+    """The workspace must be a directory or creatable as one: a file on its path is bad input."""
+    path = Path(path)
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                where = "is a file" if candidate == path else f"lies under {candidate}, which is a file"
+                raise BadInput(f"workspace {path} ({source}) {where}; give a directory (created when missing)")
+            return
+
+
+def check_request(request: RunRequest) -> None:
+    """Refuse flag combinations that cannot mean what they say, before anything is planned or started."""
+    for attr, flag, needs in RUNTIME_ONLY_FLAGS:
+        if getattr(request, attr) and request.runtime != needs:
+            raise BadInput(f"{flag} needs --runtime {needs}; the {request.runtime} runtime would ignore it "
+                           f"(drop {flag} or add --runtime {needs})")
     if request.detach and request.runtime != "ray":
         raise BadInput("--detach needs --runtime ray: the local and docker runtimes stop what they started")
     if request.ray_head and request.runtime != "local":
@@ -315,6 +341,16 @@ def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callabl
         raise BadInput(f"--runtime local: arm {request.arm.name} is a {request.arm.engine} arm; its engines exist only "
                        f"in its image: use --runtime docker (kit build {request.arm.platform} --arm {request.arm.name}) "
                        "or --runtime ray")
+    check_workspace(request.workspace)
+
+
+def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callable[[str], None] = lambda s: None) -> RunOutcome:
+    """The whole run; never raises for a job that fails or is interrupted (that is the outcome)."""
+    from kit.runtimes import make_runtime
+
+    check_request(request)
+    # the signing key is read now: a bad key must not cost a run (nor its id) that then cannot be sealed
+    private_key = E.load_private_key(request.sign_key) if request.sign_key is not None else None
     plan = plan_for(request)
     run_id = plan["run_id"]
     workspace = request.workspace.resolve()
@@ -342,16 +378,46 @@ def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callabl
                 return RunOutcome(run_id, None, "interrupted", message="interrupted during preflight; nothing was started")
             described = runtime.describe()
             run_dir = E.create_run_dir(workspace, run_id)
-            return _run_in_dir(request, plan, runtime, described, run_dir, repo, signals, started, progress, log, files)
+            return _run_in_dir(request, plan, runtime, described, run_dir, repo, signals, started, progress, log, files,
+                               private_key)
         finally:
             runtime.close()
 
 
-def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals, started, progress, log,
-                files: dict[str, Path]) -> RunOutcome:
-    from kit.gates import GATE_SET_VERSION, RunEvidence, evaluate
-    from kit.vime.records import parse_records
+class _RunLogs:
+    """The open logs of one run dir: kit.log (the kit's events) and run.log (the job's own lines, each
+    redacted, parsed for the progress display and kept for the gates)."""
 
+    def __init__(self, run_dir: Path, redactor: Redactor, bar: "Progress", log: Callable[[str], None], *,
+                 run_log: TextIO, kit_log_mode: str = "x"):
+        self.run_dir, self.redactor, self.bar, self.log = run_dir, redactor, bar, log
+        self.kit_log = open(run_dir / E.KIT_LOG, kit_log_mode, encoding="utf-8")
+        self.run_log = run_log
+        self.engine_lines: list[str] = []
+
+    def kit_event(self, text: str) -> None:
+        self.kit_log.write(f"{E.utc_now()} {self.redactor.text(text)}\n")
+        self.kit_log.flush()
+        self.log(text)
+
+    def emit(self, line: str) -> None:
+        from kit.vime.records import parse_records
+
+        line = self.redactor.text(line.rstrip("\n"))
+        self.engine_lines.append(line)
+        self.run_log.write(line + "\n")
+        self.run_log.flush()
+        for rec in parse_records([line]):
+            self.bar.record(rec)
+
+    def close_run_log(self) -> None:
+        self.bar.finish()
+        if not self.run_log.closed:
+            self.run_log.close()
+
+
+def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals, started, progress, log,
+                files: dict[str, Path], private_key) -> RunOutcome:
     run_id = plan["run_id"]
     arm_doc = plan["arm"]
     E.write_new_text(run_dir, E.ARM_FILE, json.dumps(arm_doc, indent=2, sort_keys=True) + "\n")
@@ -371,80 +437,210 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
     manifest_sha = sha256_of_file(run_dir / E.MANIFEST)
     image_id = (described.get("image") or {}).get("id")
     spec = job_spec(plan, argv, image_id=image_id, manifest_sha256=manifest_sha)
-    kit_log = open(run_dir / E.KIT_LOG, "x", encoding="utf-8")
-    run_log = open(run_dir / E.RUN_LOG, "x", encoding="utf-8")
-    engine_lines: list[str] = []
-    bar = Progress(int(arm_doc["workload"]["rollouts"]), progress)
-
-    def kit_event(text: str) -> None:
-        kit_log.write(f"{E.utc_now()} {redactor.text(text)}\n")
-        kit_log.flush()
-        log(text)
-
-    def emit(line: str) -> None:
-        line = redactor.text(line.rstrip("\n"))
-        engine_lines.append(line)
-        run_log.write(line + "\n")
-        run_log.flush()
-        for rec in parse_records([line]):
-            bar.record(rec)
+    logs = _RunLogs(run_dir, redactor, Progress(int(arm_doc["workload"]["rollouts"]), progress, arm_doc), log,
+                    run_log=open(run_dir / E.RUN_LOG, "x", encoding="utf-8"))
 
     status, job_status, message = "failed", None, ""
     workload_started = time.monotonic()
     try:
-        run_log.write(header_line(run_id, arm_doc["name"], request.arm.stack.sha256, image_id, manifest_sha, request.runtime))
-        run_log.flush()
-        kit_event(f"run dir {run_dir}")
-        kit_event(f"submit {spec.submission_id}: {spec.entrypoint}")
+        logs.run_log.write(header_line(run_id, arm_doc["name"], request.arm.stack.sha256, image_id, manifest_sha,
+                                       request.runtime))
+        logs.run_log.flush()
+        logs.kit_event(f"run dir {run_dir}")
+        logs.kit_event(f"submit {spec.submission_id}: {spec.entrypoint}")
         if hasattr(runtime, "set_arm_document"):
             runtime.set_arm_document(arm_doc)
         runtime.submit(spec)
         if request.detach:
-            kit_event("detached: the job keeps running on the cluster; this run dir is not sealed")
-            status, job_status = "detached", "RUNNING"
+            job_status = runtime.job_status() if hasattr(runtime, "job_status") else "PENDING"
+            status = "detached"
+            message = (f"job {spec.submission_id} keeps running on {getattr(runtime, 'address', 'the cluster')}; "
+                       f"finish the run with: kit run --attach {run_dir}")
+            logs.kit_event(f"detached: {message}")
         else:
-            job_status = runtime.follow(emit, lambda: signals.received is not None)
-            kit_event(f"job {spec.submission_id} ended {job_status}")
-            if signals.received is not None:
-                status, message = "interrupted", f"stopped by signal {signal.Signals(signals.received).name}"
-            elif job_status == "SUCCEEDED":
-                status = "succeeded"
-            else:
-                status = "failed"
-                message = "the cluster or container stopped answering" if job_status == "LOST" else f"job ended {job_status}"
+            job_status = runtime.follow(logs.emit, lambda: signals.received is not None)
+            logs.kit_event(f"job {spec.submission_id} ended {job_status}")
+            status, message = _ending(job_status, signals.received)
     except Exception as exc:   # the shells' failures end the run as failed with evidence, never a traceback
         status, message = ("interrupted", "interrupted") if signals.received else ("failed", f"{type(exc).__name__}: {exc}")
-        kit_event(f"error: {message}")
+        logs.kit_event(f"error: {message}")
     finally:
         workload_s = time.monotonic() - workload_started
-        bar.finish()
-        run_log.close()
+        logs.close_run_log()
         if hasattr(runtime, "stop_job") and status == "interrupted":
             runtime.stop_job()
 
-    E.write_new_text(run_dir, E.METRICS, metrics_lines(parse_records(engine_lines)))
-    ev = RunEvidence(arm=arm_doc, job_status=job_status or "", engine_lines=engine_lines, inputs=inputs,
-                     readbacks=tuple(_read_readbacks(run_dir)))
-    report = evaluate(ev, run_id=run_id) if status != "detached" else None
-    if report is not None:
-        E.write_document(run_dir, E.VALIDATION, report)
-        if status == "succeeded" and not report["passed"]:
-            message = "gates failed: " + ", ".join(g["id"] for g in report["gates"] if g["status"] == "failed")
-    total_s = time.monotonic() - started
     job_info = runtime.job_info() if hasattr(runtime, "job_info") else {}
-    kit_event(f"status {status}" + (f": {message}" if message else ""))
-    kit_log.close()
-    E.write_document(run_dir, E.STATUS, redact_status({
+    total_s = time.monotonic() - started
+    timing = {"total_s": round(total_s, 3), "workload_s": round(workload_s, 3), "kit_s": round(total_s - workload_s, 3)}
+    if status == "detached":
+        # no metrics, no validation, no final status: the job is still running; --attach writes them
+        logs.kit_event(f"status detached: {message}")
+        logs.kit_log.close()
+        E.write_document(run_dir, E.STATUS, _status_doc(run_id, status, job_status, spec.submission_id, message, timing,
+                                                       job_info, redactor))
+        return RunOutcome(run_id, run_dir, status, job_status, None, None, message)
+    return _finish(run_dir, logs, run_id=run_id, arm_doc=arm_doc, inputs=inputs, status=status, job_status=job_status,
+                   message=message, submission_id=spec.submission_id, timing=timing, job_info=job_info,
+                   private_key=private_key, replace_status=False)
+
+
+def _ending(job_status: str, signal_received: int | None) -> tuple[str, str]:
+    """(run status, message) from the job's terminal status and whether Ctrl-C/SIGTERM arrived."""
+    if signal_received is not None:
+        return "interrupted", f"stopped by signal {signal.Signals(signal_received).name}"
+    if job_status == "SUCCEEDED":
+        return "succeeded", ""
+    return "failed", ("the cluster or container stopped answering" if job_status == "LOST" else f"job ended {job_status}")
+
+
+def _status_doc(run_id, status, job_status, submission_id, message, timing, job_info, redactor) -> dict:
+    return redact_status({
         "schema": schema_id("run-status"), "run_id": run_id, "status": status, "job_status": job_status,
-        "submission_id": spec.submission_id, "message": message, "finished_at": E.utc_now(),
-        "timing": {"total_s": round(total_s, 3), "workload_s": round(workload_s, 3),
-                   "kit_s": round(total_s - workload_s, 3)},
-        "job_info": job_info}, redactor))
+        "submission_id": submission_id, "message": message, "finished_at": E.utc_now(), "timing": timing,
+        "job_info": job_info}, redactor)
+
+
+def _finish(run_dir: Path, logs: _RunLogs, *, run_id, arm_doc, inputs, status, job_status, message, submission_id,
+            timing, job_info, private_key, replace_status: bool) -> RunOutcome:
+    """collect → validate → status → seal: the same for a waited run and for an attached one."""
+    from kit.gates import GATE_SET_VERSION, RunEvidence, evaluate
+    from kit.vime.records import parse_records
+
+    E.write_new_text(run_dir, E.METRICS, metrics_lines(parse_records(logs.engine_lines)))
+    ev = RunEvidence(arm=arm_doc, job_status=job_status or "", engine_lines=logs.engine_lines, inputs=inputs,
+                     readbacks=tuple(_read_readbacks(run_dir)))
+    report = evaluate(ev, run_id=run_id)
+    E.write_document(run_dir, E.VALIDATION, report)
+    if status == "succeeded" and not report["passed"]:
+        message = "gates failed: " + ", ".join(g["id"] for g in report["gates"] if g["status"] == "failed")
+    logs.kit_event(f"status {status}" + (f": {message}" if message else ""))
+    logs.kit_log.close()
+    doc = _status_doc(run_id, status, job_status, submission_id, message, timing, job_info, logs.redactor)
+    if replace_status:
+        E.replace_status(run_dir, doc)
+    else:
+        E.write_document(run_dir, E.STATUS, doc)
     seal = None
     if status == "succeeded":
         seal = E.seal_run_dir(run_dir, run_id=run_id, validation_passed=report["passed"],
-                              gate_set_version=GATE_SET_VERSION, sign_key=request.sign_key)
+                              gate_set_version=GATE_SET_VERSION, private_key=private_key)
     return RunOutcome(run_id, run_dir, status, job_status, report, seal, message)
+
+
+# --- attach: finish a detached run ------------------------------------------------------------------
+
+def _read_run_document(run_dir: Path, name: str) -> dict:
+    from kit.documents import read_json_file
+
+    try:
+        return read_json_file(run_dir / name)
+    except KitError as exc:
+        raise BadInput(f"--attach {run_dir}: {exc}") from None
+
+
+def attach(run_dir: Path, *, sign_key: Path | None = None, progress: TextIO | None = None,
+           log: Callable[[str], None] = lambda s: None) -> RunOutcome:
+    """Follow a detached run's Ray job by its submission id, then collect, validate and seal exactly as a
+    waited run does. The job's whole log is streamed again from its start into run.log (after the
+    identity header), so an attach that was cut off can simply be repeated. Example::
+
+        execute(RunRequest(arm=arm, workspace=ws, runtime="ray", ray_address=url, detach=True, run_id="r1"))
+        attach(ws / "runs" / "r1").status        # "succeeded"
+    """
+    import fcntl
+    import io
+
+    from kit.runtimes import RayJob, wait_for_jobs_api
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or not (run_dir / E.MANIFEST).is_file():
+        raise BadInput(f"--attach {run_dir}: not a run directory (no {E.MANIFEST}); give <workspace>/runs/<run-id>")
+    if E.is_sealed(run_dir):
+        raise BadInput(f"--attach {run_dir}: already sealed; a sealed run dir is never written again")
+    before = _read_run_document(run_dir, E.STATUS)
+    if before.get("status") != "detached":
+        raise BadInput(f"--attach {run_dir}: its status is {before.get('status')}, not detached; only a run started "
+                       "with --detach is attached")
+    private_key = E.load_private_key(sign_key) if sign_key is not None else None
+    manifest = E.read_manifest(run_dir)
+    arm_doc = _read_run_document(run_dir, E.ARM_FILE)
+    runtime = manifest.get("runtime") or {}
+    address = runtime.get("address")
+    submission_id = (manifest.get("ray_job") or {}).get("submission_id")
+    if runtime.get("kind") != "ray" or not address or not submission_id:
+        raise BadInput(f"--attach {run_dir}: the manifest records no Ray job on a cluster (runtime {runtime.get('kind')})")
+    if before.get("submission_id") != submission_id:
+        raise BadInput(f"--attach {run_dir}: status.json names job {before.get('submission_id')}, the manifest "
+                       f"{submission_id}")
+    run_id = manifest["run_id"]
+
+    raw = open(run_dir / E.RUN_LOG, "r+b")
+    try:
+        try:
+            fcntl.flock(raw, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BadInput(f"--attach {run_dir}: another kit run --attach is following this run") from None
+        header = raw.readline()
+        if not header.startswith(f"# rlk-kit run {run_id} ".encode()):
+            raise CheckFailed(f"{run_dir / E.RUN_LOG}: does not begin with this run's identity header")
+        wait_for_jobs_api(address, timeout_s=ATTACH_TIMEOUT_S, unreachable=lambda m: BadInput(
+            f"--attach {run_dir}: the cluster at {address} cannot be reached ({m})"))
+        job = RayJob.existing(address, submission_id)
+        info = job.info()
+        if "error" in info:
+            raise CheckFailed(f"--attach {run_dir}: the cluster at {address} has no job {submission_id}: {info['error']}")
+        manifest_sha = sha256_of_file(run_dir / E.MANIFEST)
+        claimed = info.get("metadata") or {}
+        if claimed.get("run_id") != run_id or claimed.get("manifest_sha256") != manifest_sha:
+            raise CheckFailed(f"--attach {run_dir}: job {submission_id} on {address} is not this run's job (its metadata "
+                              f"names run {claimed.get('run_id')!r}, manifest sha256 {claimed.get('manifest_sha256')!r}; "
+                              f"this run's manifest is {manifest_sha})")
+        # everything after the header is re-streamed from the job's own log: a cut-off attach leaves no duplicates
+        raw.seek(len(header))
+        raw.truncate()
+        run_log = io.TextIOWrapper(raw, encoding="utf-8")
+        logs = _RunLogs(run_dir, Redactor.from_env(dict(os.environ)),
+                        Progress(int(arm_doc["workload"]["rollouts"]), progress, arm_doc), log,
+                        run_log=run_log, kit_log_mode="a")
+        status, job_status, message = "failed", None, ""
+        with SignalFlag() as signals:
+            try:
+                logs.kit_event(f"attach {submission_id} on {address}")
+                job_status = job.follow(logs.emit, lambda: signals.received is not None)
+                logs.kit_event(f"job {submission_id} ended {job_status}")
+                status, message = _ending(job_status, signals.received)
+            except Exception as exc:   # as in a waited run: the evidence records the failure, no traceback
+                status, message = (("interrupted", "interrupted") if signals.received
+                                   else ("failed", f"{type(exc).__name__}: {exc}"))
+                logs.kit_event(f"error: {message}")
+            finally:
+                logs.close_run_log()
+                if status == "interrupted":
+                    job.stop()
+        job_info = job.info()
+        timing = _attached_timing(manifest, job_info)
+        return _finish(run_dir, logs, run_id=run_id, arm_doc=arm_doc, inputs=manifest.get("inputs"), status=status,
+                       job_status=job_status, message=message, submission_id=submission_id, timing=timing,
+                       job_info=job_info, private_key=private_key, replace_status=True)
+    finally:
+        if not raw.closed:
+            raw.close()
+
+
+def _attached_timing(manifest: dict, job_info: dict) -> dict:
+    """total: from the manifest's creation to now; workload: the job's own start-to-end as Ray recorded it."""
+    import datetime as _dt
+
+    try:
+        created = _dt.datetime.strptime(manifest["created_at"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_dt.timezone.utc)
+        total_s = (_dt.datetime.now(_dt.timezone.utc) - created).total_seconds()
+    except (KeyError, ValueError):
+        total_s = 0.0
+    start, end = job_info.get("start_time_ms"), job_info.get("end_time_ms")
+    workload_s = (end - start) / 1000.0 if isinstance(start, int) and isinstance(end, int) and end >= start else 0.0
+    total_s = max(total_s, workload_s)
+    return {"total_s": round(total_s, 3), "workload_s": round(workload_s, 3), "kit_s": round(total_s - workload_s, 3)}
 
 
 def redact_status(doc: dict, redactor: Redactor) -> dict:

@@ -187,3 +187,47 @@ def test_smoke_arm_needs_route_lines():
     arm["workload"]["rollouts"] = STEPS
     lines = [l for l in good_log(arm) if "[RL-Kernel][route]" not in l]
     assert "operator-routes" in failed_gates(arm, lines)
+
+
+# --- mismatch figures: counts, not per-sample means ---------------------------------------------------
+
+def test_summary_reports_mismatch_counts_mean_times_global_batch_size(native_arm):
+    # the published G10 step 0: per-sample mean 3599.125 over a global batch of 8 is 28793 tokens (reference §4.1)
+    lines = [line.replace("'train/loss'", "'train/global_batch_size': 8, 'train/loss'") if " step " in f" {line}" else line
+             for line in good_log(native_arm, letter="P", mismatch=3599.125)]
+    summary = evaluate(RunEvidence(arm=native_arm, job_status="SUCCEEDED", engine_lines=lines), run_id="t")["summary"]
+    assert summary["mismatch_count_last"] == 28793
+    assert summary["mismatch_count_total"] == 28793 * STEPS
+
+
+def test_summary_falls_back_to_the_arms_global_batch_size(native_arm):
+    gbs = native_arm["workload"]["global_batch_size"]
+    report = evaluate(RunEvidence(arm=native_arm, job_status="SUCCEEDED",
+                                  engine_lines=good_log(native_arm, letter="P", mismatch=12.5)), run_id="t")
+    assert report["summary"]["mismatch_count_last"] == pytest.approx(12.5 * gbs)
+    assert report["summary"]["mismatch_count_total"] == pytest.approx(12.5 * gbs * STEPS)
+    from kit.documents import schema_problems
+    assert schema_problems(report, "validation-report") == []
+
+
+def test_summary_of_a_run_without_mismatch_records(strict_arm):
+    lines = [line for line in good_log(strict_arm) if "TrainActor" not in line]
+    summary = evaluate(RunEvidence(arm=strict_arm, job_status="SUCCEEDED", engine_lines=lines), run_id="t")["summary"]
+    assert summary["mismatch_count_total"] is None and summary["mismatch_count_last"] is None
+
+
+def test_progress_display_shows_the_count(native_arm):
+    import io
+
+    from kit.run import Progress
+    from kit.vime.records import parse_records
+
+    out = io.StringIO()
+    bar = Progress(STEPS, out, native_arm)
+    lines = [line.replace("'train/loss'", "'train/global_batch_size': 8, 'train/loss'")
+             for line in good_log(native_arm, letter="P", mismatch=3599.125)]
+    for rec in parse_records(lines):
+        bar.record(rec)
+    shown = out.getvalue().strip().splitlines()
+    assert shown[-1].startswith(f"step {STEPS}/{STEPS}") and shown[-1].endswith("last step mismatched 28793 tokens")
+    assert "3599.125" not in out.getvalue()

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -42,7 +41,7 @@ def strict_run(workspace):
 def test_local_run_seals_and_verifies(strict_run):
     run_dir, proc = strict_run
     assert "sealed" in proc.stdout and str(run_dir) in proc.stdout
-    for key in ("steps", "reward (last)", "mismatch (total)", "step time"):
+    for key in ("steps", "reward (last)", "mismatched tokens (all steps)", "mismatched tokens (last step)", "step time"):
         assert key in proc.stdout
     assert sorted(p.name for p in run_dir.iterdir()) == ["arm.json", "kit.log", "manifest.json", "metrics.jsonl",
                                                          "run.log", "seal.json", "status.json", "validation.json"]
@@ -106,12 +105,18 @@ def test_native_mode_records_mismatch_and_passes_pp_gates(workspace, strict_run)
     assert report["passed"] and report["summary"]["mismatch_count_total"] > 0
     statuses = {g["id"]: g["status"] for g in report["gates"]}
     assert statuses["rr-bitwise-zero"] == "not_applicable" and statuses["operator-routes"] == "passed"
-    # native vs consistency: the derived arm declares no comparison, so the operators are uncontrolled
+    # the mismatch figures are counts: per-sample mean × global batch size, summed over the steps
+    gbs = json.loads((run_dir / "arm.json").read_text())["workload"]["global_batch_size"]
+    means = [r["payload"]["train/train_current_rollout_logprob_mismatch_count"]
+             for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
+    assert report["summary"]["mismatch_count_total"] == pytest.approx(sum(m * gbs for m in means))
+    assert report["summary"]["mismatch_count_last"] == pytest.approx(means[-1] * gbs)
+    # native vs consistency: the derived arm declares the comparison with its base; only operators differ
     cmp = kit("compare", "--json", str(strict_run[0]), str(run_dir))
-    assert cmp.returncode == 1
-    paths = {d["path"] for d in json.loads(cmp.stdout)["differences"] if d["status"] == "uncontrolled"}
-    assert {"operators.attention", "operators.ffn", "operators.logp"} <= paths
-    assert not any(p.startswith("observed.") for p in paths), paths
+    assert cmp.returncode == 0, cmp.stdout + cmp.stderr
+    doc = json.loads(cmp.stdout)
+    assert doc["controlled"] and doc["declared_factors"] == ["operators"]
+    assert {d["path"] for d in doc["differences"]} == {"operators.attention", "operators.ffn", "operators.logp"}
 
 
 def test_same_arm_twice_is_a_controlled_pair(workspace, strict_run):
@@ -172,3 +177,83 @@ def test_dirty_checkout_is_refused_without_allow_dirty(tmp_path):
     (repo / "unrelated.txt").write_text("outside the run's paths\n")
     state = repository_state(repo)
     assert state["dirty"] is True and state["status"] == [" M kit/a.py"]
+
+
+# --- refusals before anything starts ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag, value, needs", [("--image", "rlk-kit/smoke:x", "docker"),
+                                                ("--ray-address", "http://127.0.0.1:1", "ray"),
+                                                ("--network", "some-net", "docker")])
+def test_flags_of_another_runtime_are_refused_on_local(tmp_path, flag, value, needs):
+    proc = kit("run", "--arm", "smoke", "--runtime", "local", flag, value, "--allow-dirty",
+               env={"KIT_WORKSPACE": str(tmp_path / "ws")})
+    assert proc.returncode == 2, proc.stderr
+    assert f"{flag} needs --runtime {needs}" in proc.stderr and "local" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "ws").exists()
+
+
+@pytest.mark.parametrize("sub", ["", "below"])
+def test_workspace_that_is_a_file_is_bad_input(tmp_path, sub):
+    target = tmp_path / "a-file"
+    target.write_text("not a directory\n")
+    proc = kit("run", "--arm", "smoke", "--rollouts", "1", "--allow-dirty",
+               env={"KIT_WORKSPACE": str(target / sub) if sub else str(target)})
+    assert proc.returncode == 2, proc.stderr
+    assert "KIT_WORKSPACE" in proc.stderr and str(target) in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bad_sign_key_is_refused_before_the_run_and_spends_no_run_id(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    bad = tmp_path / "bad.key"
+    bad.write_bytes(b"not a key at all")
+    env = {"KIT_WORKSPACE": str(tmp_path / "ws")}
+    proc = kit("run", "--arm", "smoke", "--rollouts", "1", "--run-id", "signed-1", "--sign-key", str(bad),
+               "--allow-dirty", env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "--sign-key" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "ws" / "runs" / "signed-1").exists()
+    # the same run id is still free; a good key signs the seal
+    key = Ed25519PrivateKey.generate()
+    good, pub = tmp_path / "good.pem", tmp_path / "good.pub"
+    good.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    proc = kit("run", "--arm", "smoke", "--rollouts", "1", "--run-id", "signed-1", "--sign-key", str(good),
+               "--allow-dirty", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = tmp_path / "ws" / "runs" / "signed-1"
+    assert json.loads((run_dir / "seal.json").read_text())["signature"]["algorithm"] == "ed25519"
+    assert kit("verify", "--key", str(pub), str(run_dir)).returncode == 0
+    unreadable = kit("verify", "--key", str(tmp_path / "no-such.pub"), str(run_dir))
+    assert unreadable.returncode == 2 and "--key" in unreadable.stderr and "Traceback" not in unreadable.stderr
+
+
+def test_attach_refuses_what_it_cannot_finish(strict_run, tmp_path):
+    run_dir, _ = strict_run
+    sealed = kit("run", "--attach", str(run_dir))
+    assert sealed.returncode == 2 and "already sealed" in sealed.stderr
+    other = kit("run", "--attach", str(tmp_path))
+    assert other.returncode == 2 and "not a run directory" in other.stderr
+    mixed = kit("run", "--attach", str(run_dir), "--arm", "smoke", "--rollouts", "3")
+    assert mixed.returncode == 2 and "--arm" in mixed.stderr and "--rollouts" in mixed.stderr
+    for proc in (sealed, other, mixed):
+        assert "Traceback" not in proc.stderr
+
+
+def test_attach_refuses_a_run_that_was_not_detached(tmp_path):
+    env = dict(os.environ, KIT_WORKSPACE=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--arm", "smoke", "--rollouts", "40", "--run-id",
+                             "not-detached", "--allow-dirty"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    run_dir = tmp_path / "runs" / "not-detached"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not ((run_dir / "run.log").exists() and "step 0:" in (run_dir / "run.log").read_text()):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    attached = kit("run", "--attach", str(run_dir))
+    assert attached.returncode == 2 and "interrupted" in attached.stderr and "detached" in attached.stderr

@@ -157,3 +157,63 @@ def test_ray_cluster_checked_node_by_node(variant_image, ray_cluster, cpu_image,
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "packages.click" in refused.stderr and "node " in refused.stderr
     assert not (ws / "runs" / "ray-2").exists()
+
+
+# --- detach and attach -------------------------------------------------------------------------------------
+
+def test_detached_run_is_finished_by_attach(ray_cluster, ws):
+    address, _ = ray_cluster
+    steps = 30
+    proc = kit("run", "--arm", "smoke", "--runtime", "ray", "--ray-address", address, "--rollouts", str(steps),
+               "--run-id", "det-1", "--detach", "--allow-dirty", "--json", env={"KIT_WORKSPACE": str(ws)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr == ""                                  # --json: no Ray SDK lines ("Uploading package")
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "detached" and doc["submission_id"] == "rlk-det-1"
+    run_dir = ws / "runs" / "det-1"
+    # nothing final yet: no metrics, no validation, no seal; verify refuses it
+    assert sorted(p.name for p in run_dir.iterdir()) == ["arm.json", "kit.log", "manifest.json", "run.log", "status.json"]
+    assert kit("verify", str(run_dir)).returncode == 1
+
+    # an attach that is cut off mid-stream leaves the run detached; the next one re-streams from the start
+    first = subprocess.Popen([sys.executable, "-m", "kit", "run", "--attach", str(run_dir)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and first.poll() is None and "step 1:" not in (run_dir / "run.log").read_text():
+        time.sleep(0.2)
+    if first.poll() is None:
+        first.kill()
+        first.communicate(timeout=60)
+        assert json.loads((run_dir / "status.json").read_text())["status"] == "detached"
+    else:
+        first.communicate(timeout=60)
+
+    attached = kit("run", "--attach", str(run_dir), "--json")
+    if first.returncode == 0:       # the first attach finished before it could be cut off
+        assert attached.returncode == 2 and "already sealed" in attached.stderr
+    else:
+        assert attached.returncode == 0, attached.stdout + attached.stderr
+        assert attached.stderr == ""
+        assert json.loads(attached.stdout)["status"] == "succeeded"
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "succeeded" and status["job_status"] == "SUCCEEDED"
+    lines = (run_dir / "run.log").read_text().splitlines()
+    assert lines[0].startswith("# rlk-kit run det-1 ") and sum(line.startswith("#") for line in lines) == 1
+    for step in range(steps):
+        assert sum(f"step {step}: " in line for line in lines) == 1, step
+    report = json.loads((run_dir / "validation.json").read_text())
+    assert report["passed"] and report["summary"]["steps_observed"] == steps
+    assert kit("verify", str(run_dir)).returncode == 0
+    again = kit("run", "--attach", str(run_dir))
+    assert again.returncode == 2 and "already sealed" in again.stderr
+
+
+def test_unreachable_ray_address_is_bad_input(ws):
+    from kit.runtimes import free_port
+
+    address = f"http://127.0.0.1:{free_port()}"
+    proc = kit("run", "--arm", "smoke", "--runtime", "ray", "--ray-address", address, "--run-id", "nowhere-1",
+               "--allow-dirty", env={"KIT_WORKSPACE": str(ws)})
+    assert proc.returncode == 2, proc.stderr
+    assert f"--ray-address {address}" in proc.stderr and "cannot be reached" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (ws / "runs" / "nowhere-1").exists()

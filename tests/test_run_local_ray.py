@@ -18,6 +18,7 @@ def test_smoke_as_a_ray_job_on_a_local_head(tmp_path):
     proc = run_kit("run", "--arm", "smoke", "--ray-head", "--rollouts", "3", "--workspace", str(tmp_path),
                    "--allow-dirty", "--run-id", "local-ray-1", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr == ""                                         # --json: no Ray SDK chatter ("Uploading package")
     run_dir = tmp_path / "runs" / "local-ray-1"
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["runtime"]["kind"] == "local" and manifest["runtime"]["ray_head"] is True
@@ -30,3 +31,11 @@ def test_smoke_as_a_ray_job_on_a_local_head(tmp_path):
     assert "step 2:" in log and "Uploading package" not in log
     assert run_kit("verify", str(run_dir)).returncode == 0
     assert ray_heads() == before                                     # the head the kit started is gone
+
+    # the same arm in-process: the interpreter path and what Ray's workers add are no software difference
+    inproc = run_kit("run", "--arm", "smoke", "--rollouts", "3", "--workspace", str(tmp_path), "--allow-dirty",
+                     "--run-id", "in-process-1", "--json")
+    assert inproc.returncode == 0, inproc.stderr[-3000:]
+    cmp = run_kit("compare", "--json", str(tmp_path / "runs" / "in-process-1"), str(run_dir))
+    doc = json.loads(cmp.stdout)
+    assert cmp.returncode == 0 and doc["controlled"], [d for d in doc["differences"] if d["status"] == "uncontrolled"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from kit.cli._output import emit_json
+from kit.errors import BadInput
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,7 +27,14 @@ def command(a, b, as_json):
       kit compare native consistency                        # exit 0: only operators differ
       kit compare .workspace/runs/r1 .workspace/runs/r2
     """
-    if Path(a).is_dir() and Path(b).is_dir():
+    if Path(a).is_dir() or Path(b).is_dir():
+        # one run directory makes it a comparison of runs: the other argument must be one too
+        for name, value in (("A", a), ("B", b)):
+            if not Path(value).is_dir():
+                what = "does not exist" if not Path(value).exists() else "is not a directory"
+                other = "B" if name == "A" else "A"
+                raise BadInput(f"argument {name} ({value}): {what}; {other} is a run directory, so {name} must be "
+                               "one too (<workspace>/runs/<run-id>)")
         from kit.evidence import compare_run_dirs  # runs: observed identities from the manifests
         result = compare_run_dirs(Path(a), Path(b))
     else:

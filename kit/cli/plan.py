@@ -24,7 +24,8 @@ def arm_selection_options(f):
 
 
 def select_arm(arm_ref, mode):
-    """Resolve --arm/--mode into an Arm; --mode with --arm derives a renamed arm with all cases set."""
+    """Resolve --arm/--mode into an Arm; --mode with --arm derives a renamed arm with all cases set,
+    declared as a comparison with the base arm whose only factor is ``operators``."""
     from kit.arm import Arm, mode_operators, with_overrides
     from kit.catalog import Catalog
 
@@ -39,6 +40,9 @@ def select_arm(arm_ref, mode):
         if ops != arm.operators:
             doc = with_overrides(arm.document, operators=ops, name=f"{arm.name}-{mode}")
             doc["description"] = f"{arm.name} with every operator {ops['attention']} (--mode {mode})"
+            # the derived arm differs from its base only in the operator cases: declare exactly that, so
+            # `kit compare` of a run of each is controlled, and any other difference stays uncontrolled
+            doc["comparison"] = {"with": arm.name, "factors": ["operators"]}
             return Arm(doc["name"], doc, arm.stack, arm.source_file)
     return arm
 

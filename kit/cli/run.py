@@ -10,10 +10,23 @@ import click
 
 from kit.cli._output import emit_json
 from kit.cli.plan import arm_selection_options, select_arm
+from kit.errors import BadInput
 
 
 def default_workspace() -> Path:
     return Path(os.environ.get("KIT_WORKSPACE") or ".workspace")
+
+
+def workspace_from(flag: Path | None) -> Path:
+    """--workspace, else $KIT_WORKSPACE, else ./.workspace; a file there is bad input naming its source."""
+    from kit.run import check_workspace
+
+    if flag is not None:
+        check_workspace(flag, "--workspace")
+        return flag
+    path = default_workspace()
+    check_workspace(path, "KIT_WORKSPACE" if os.environ.get("KIT_WORKSPACE") else "the default ./.workspace")
+    return path
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,20 +45,26 @@ def default_workspace() -> Path:
               help="VIME arms: the torch_dist checkpoint (kit prepare --convert-checkpoint), mounted read-only.")
 @click.option("--prompt-data", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="VIME arms: the prompt JSONL (default: <workspace>/data/dapo-math-17k.jsonl from kit prepare).")
-@click.option("--network", metavar="NAME", help="docker: a named Docker network for the container (default bridge).")
+@click.option("--network", metavar="NAME",
+              help="docker: a named Docker network for the container, its dashboard published on 127.0.0.1 "
+                   "(default: the host network, Ray on free ports).")
 @click.option("--workspace", type=click.Path(path_type=Path, file_okay=False),
               help="Workspace root; runs go to <workspace>/runs/<run-id> (default $KIT_WORKSPACE, else ./.workspace).")
 @click.option("--run-id", help="Run id (default <arm>-n<rollouts>-s<seed>-<UTC time>); never reusable.")
 @click.option("--rollouts", type=int, help="Number of rollouts (steps); default from the arm.")
 @click.option("--wait/--detach", default=True, show_default=True,
-              help="Follow the job to its end and seal (default), or submit and return (ray runtime only).")
+              help="Follow the job to its end and seal (default), or submit and return (ray runtime only; "
+                   "status detached until kit run --attach RUN_DIR).")
+@click.option("--attach", "attach_dir", type=click.Path(path_type=Path), metavar="RUN_DIR",
+              help="Finish a run started with --detach: follow its Ray job by submission id, stream the log into "
+                   "run.log, then collect, validate and seal as a waited run does. Takes only --sign-key and --json.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the manifest preview; create nothing.")
 @click.option("--allow-dirty", is_flag=True, help="Run from a kit checkout with uncommitted changes (recorded; not for published evidence).")
 @click.option("--sign-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="ed25519 private key (PEM or 32 raw bytes) that signs the seal.")
 @click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/run-status/v1 document (dry run: rlk-kit/run-dry-run/v1); no progress.")
 def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, runtime, image, ray_address, ray_head, model, checkpoint, prompt_data, network,
-            workspace, run_id, rollouts, wait, dry_run, allow_dirty, sign_key, as_json):
+            workspace, run_id, rollouts, wait, attach_dir, dry_run, allow_dirty, sign_key, as_json):
     """Run an arm and seal its evidence: plan → preflight → start → stream → collect → validate → seal.
 
     The run dir <workspace>/runs/<run-id>/ gets manifest.json, arm.json, run.log (the job's own
@@ -61,18 +80,33 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
       kit run --arm smoke --ray-head                          # as a Ray job on a local head the kit starts and stops
       kit run --arm smoke --runtime docker                    # the CPU smoke image
       kit run --arm smoke --runtime ray --ray-address http://head:8265
+      kit run --arm smoke --runtime ray --ray-address http://head:8265 --detach --run-id r7
+      kit run --attach .workspace/runs/r7                     # follow r7's job, then validate and seal
       kit run --arm G10 --dry-run --json                      # the plan, nothing created
       kit verify .workspace/runs/<run-id>
     """
     from kit.plan import TopologyOverrides
-    from kit.run import RunRequest, execute
+    from kit.run import RunRequest, attach, execute
 
+    log = (lambda s: None) if as_json else (lambda s: click.echo(f"kit: {s}", err=True))
+    if attach_dir is not None:
+        given = {"--arm": arm_ref, "--mode": mode, "--tp-size": tp_size, "--cp-size": cp_size,
+                 "--rollout-tp-size": rollout_tp_size, "--rollout-cp-size": rollout_cp_size, "--runtime": runtime,
+                 "--image": image, "--ray-address": ray_address, "--ray-head": ray_head, "--model": model,
+                 "--checkpoint": checkpoint, "--prompt-data": prompt_data, "--network": network,
+                 "--workspace": workspace, "--run-id": run_id, "--rollouts": rollouts, "--detach": not wait,
+                 "--dry-run": dry_run, "--allow-dirty": allow_dirty}
+        extra = [flag for flag, value in given.items() if value not in (None, False)]
+        if extra:
+            raise BadInput(f"--attach RUN_DIR takes only --sign-key and --json; drop {', '.join(extra)} "
+                           "(the run dir's manifest says what runs)")
+        _report(attach(attach_dir, sign_key=sign_key, progress=None if as_json else sys.stderr, log=log), as_json)
+        return
     arm = select_arm(arm_ref, mode)
-    request = RunRequest(arm=arm, workspace=workspace or default_workspace(),
+    request = RunRequest(arm=arm, workspace=workspace_from(workspace),
                          overrides=TopologyOverrides(tp_size, cp_size, rollout_tp_size, rollout_cp_size),
                          runtime=runtime or ("local" if arm.engine == "smoke" else "docker"), image=image, ray_address=ray_address, network=network, run_id=run_id, ray_head=ray_head, model=model, checkpoint=checkpoint, prompt_data=prompt_data,
                          rollouts=rollouts, detach=not wait, dry_run=dry_run, allow_dirty=allow_dirty, sign_key=sign_key)
-    log = (lambda s: None) if as_json else (lambda s: click.echo(f"kit: {s}", err=True))
     outcome = execute(request, progress=None if as_json else sys.stderr, log=log)
     if outcome.document is not None:
         if as_json:
@@ -80,6 +114,10 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
         else:
             _print_dry_run(outcome.document)
         return
+    _report(outcome, as_json)
+
+
+def _report(outcome, as_json: bool) -> None:
     status_doc = _status_document(outcome)
     if as_json:
         emit_json(status_doc)
@@ -102,13 +140,22 @@ def _fmt(value, spec="") -> str:
 
 
 def _print_summary(outcome) -> None:
+    if outcome.status == "detached":
+        rows = [("run", outcome.run_id), ("status", f"detached (job {outcome.job_status})"),
+                ("run dir", f"{outcome.run_dir} (not sealed until attached)"),
+                ("finish with", f"kit run --attach {outcome.run_dir}")]
+        width = max(len(k) for k, _ in rows)
+        for key, value in rows:
+            click.echo(f"{key:<{width}}  {value}")
+        return
     s = (outcome.validation or {}).get("summary", {})
     rows = [
         ("run", outcome.run_id),
         ("status", outcome.status + (f" ({outcome.message})" if outcome.message else "")),
         ("steps", f"{_fmt(s.get('steps_observed'))} of {_fmt(s.get('steps_expected'))}"),
         ("reward (last)", _fmt(s.get("last_reward"), ".4f")),
-        ("mismatch (total)", _fmt(s.get("mismatch_count_total"), "g")),
+        ("mismatched tokens (all steps)", _fmt(s.get("mismatch_count_total"), "g")),
+        ("mismatched tokens (last step)", _fmt(s.get("mismatch_count_last"), "g")),
         ("max |Δlogp|", _fmt(s.get("max_abs_dlogp"), "g")),
         ("step time", f"{_fmt(s.get('mean_step_time_s'), '.3f')} s" if s.get("mean_step_time_s") is not None else "-"),
         ("gates", "passed" if (outcome.validation or {}).get("passed") else

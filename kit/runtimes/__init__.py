@@ -79,6 +79,13 @@ class RayJobRuntime(Runtime):
     def job_info(self) -> dict:
         return self.job.info() if self.job else {}
 
+    def job_status(self) -> str | None:
+        """The job's current status (``kit run --detach`` records it); None when the cluster does not answer."""
+        try:
+            return self.job.status() if self.job else None
+        except Exception:
+            return None
+
 
 def make_runtime(kind: str, **kw) -> Runtime:
     if kind == "local" and kw.get("ray_head"):
@@ -145,12 +152,9 @@ class RayJob:
 
     def __init__(self, address: str, *, lost_after_s: float = 10.0, poll_s: float = 0.5,
                  alive: Callable[[], bool] | None = None):
-        import logging
-
         from ray.job_submission import JobSubmissionClient
 
-        # the SDK logs every package upload at INFO on the user's terminal; the kit reports progress itself
-        logging.getLogger("ray.dashboard").setLevel(logging.WARNING)
+        quiet_ray_sdk_logs()
         self.address = address
         self.alive = alive
         self.client = JobSubmissionClient(address)
@@ -160,7 +164,18 @@ class RayJob:
         self._seen = 0
         self._partial = ""
 
+    @classmethod
+    def existing(cls, address: str, submission_id: str, **kw) -> "RayJob":
+        """A job submitted earlier (``kit run --detach``), followed by its submission id."""
+        job = cls(address, **kw)
+        job.submission_id = submission_id
+        return job
+
+    def status(self) -> str:
+        return str(self.client.get_job_status(self.submission_id).value)
+
     def submit(self, spec: JobSpec) -> str:
+        quiet_ray_sdk_logs()     # packaging modules are imported lazily, on the first upload
         runtime_env: dict = {"env_vars": dict(spec.env_vars)}
         if spec.working_dir:
             runtime_env["working_dir"] = spec.working_dir
@@ -225,8 +240,30 @@ class RayJob:
             return {"error": f"{type(exc).__name__}: {exc}"[:500]}
 
 
-def wait_for_jobs_api(address: str, timeout_s: float = 90.0) -> None:
-    """Poll until the dashboard's Jobs API answers (the head takes several seconds to come up)."""
+# Loggers of the Jobs SDK that print at INFO on the user's terminal ("Uploading package ...", "Creating a
+# file package ..."). Some set their own level, so quieting their parent "ray" is not enough.
+RAY_SDK_LOGGERS = ("ray", "ray.dashboard", "ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk",
+                   "ray._private.runtime_env.packaging", "ray._private.runtime_env.working_dir",
+                   "ray._private.runtime_env.py_modules")
+
+
+def quiet_ray_sdk_logs() -> None:
+    """Raise every Ray logger of this process to WARNING: the kit reports progress itself, and
+    ``--json`` output must be the only thing a script reads (stderr stays empty)."""
+    import logging
+
+    names = set(RAY_SDK_LOGGERS) | {n for n in logging.Logger.manager.loggerDict if n == "ray" or n.startswith("ray.")}
+    for name in names:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET or logger.level < logging.WARNING:
+            logger.setLevel(logging.WARNING)
+
+
+def wait_for_jobs_api(address: str, timeout_s: float = 90.0, *, unreachable=None) -> None:
+    """Poll until the dashboard's Jobs API answers (the head takes several seconds to come up).
+
+    ``unreachable`` is the error class raised when it never answers: CheckFailed (default) for a head
+    the kit started itself, BadInput for an address the user named."""
     import urllib.request
 
     deadline = time.monotonic() + timeout_s
@@ -240,4 +277,4 @@ def wait_for_jobs_api(address: str, timeout_s: float = 90.0) -> None:
             last = str(exc)
         time.sleep(0.5)
     from kit.errors import CheckFailed
-    raise CheckFailed(f"the Ray Jobs API at {address} did not answer within {timeout_s:.0f} s ({last})")
+    raise (unreachable or CheckFailed)(f"the Ray Jobs API at {address} did not answer within {timeout_s:.0f} s ({last})")

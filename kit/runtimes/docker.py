@@ -3,10 +3,15 @@
 Preflight refuses an image that was not built for the arm's stack (labels and embedded stack, listed),
 starts the container (GPUs for CUDA through ``device_requests``, ``/dev/kfd`` and ``/dev/dri`` for
 ROCm, never privileged), runs the probe inside the live container and refuses any difference from
-the stack, then starts ``ray start --head`` inside and waits for the Jobs API. The container is on a
-bridge network (or a named one) and publishes only the dashboard port on 127.0.0.1: a single-container
-run needs no other port on the host, and parallel runs never collide on Ray's fixed default ports.
-Example::
+the stack, then starts ``ray start --head`` inside and waits for the Jobs API.
+
+The container uses the host's network (``network_mode="host"``), as multi-GPU engines expect. So that
+its Ray head never collides with a Ray already running on the host (or with a parallel run), every
+port Ray would otherwise take at a fixed default (GCS 6379, client server 10001, dashboard 8265, the
+agents', the metrics port, the node and object managers) is chosen free on the host at start and
+passed to ``ray start``; worker ports are left to the OS. The node address is 127.0.0.1 and the
+dashboard binds only there. ``--network NAME`` puts the container on a named Docker network instead
+and publishes the dashboard on 127.0.0.1. Example::
 
     rt = DockerRuntime(arm=arm, image=None, workspace=Path(".workspace"), run_id="r1")
     rt.preflight()            # image by stack label, container, probe, Ray head
@@ -52,10 +57,41 @@ def container_options(platform: str) -> dict:
     return {"shm_size": "1g", "privileged": False}
 
 
-def ray_head_command(ray_bin: str = L.RAY) -> list[str]:
-    return [ray_bin, "start", "--head", "--port=6379", "--dashboard-host=0.0.0.0",
-            f"--dashboard-port={CONTAINER_DASHBOARD_PORT}", "--include-dashboard=true", "--disable-usage-stats",
-            f"--temp-dir={RAY_TMP}"]
+HOST_NETWORK = "host"
+# ray start flags that otherwise bind a fixed default port (or one shared by every Ray on a host)
+RAY_PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port", "--dashboard-agent-listen-port",
+                  "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port",
+                  "--node-manager-port", "--object-manager-port")
+
+
+def ray_head_command(ray_bin: str = L.RAY, ports: dict[str, int] | None = None) -> list[str]:
+    """``ray start --head`` inside the container. With ``ports`` (host network) every fixed port is the
+    given one and Ray listens on 127.0.0.1; without (a Docker network) the defaults inside the container's
+    own network namespace, with the dashboard on all of its interfaces for the published port."""
+    if ports is None:
+        return [ray_bin, "start", "--head", "--port=6379", "--dashboard-host=0.0.0.0",
+                f"--dashboard-port={CONTAINER_DASHBOARD_PORT}", "--include-dashboard=true", "--disable-usage-stats",
+                f"--temp-dir={RAY_TMP}"]
+    return [ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+            *(f"{flag}={ports[flag]}" for flag in RAY_PORT_FLAGS), "--include-dashboard=true",
+            "--disable-usage-stats", f"--temp-dir={RAY_TMP}"]
+
+
+def free_ports(flags=RAY_PORT_FLAGS) -> dict[str, int]:
+    """A distinct free host port for each flag (chosen while all are held, so none repeats)."""
+    import socket
+
+    held, out = [], {}
+    try:
+        for flag in flags:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            held.append(s)
+            out[flag] = s.getsockname()[1]
+    finally:
+        for s in held:
+            s.close()
+    return out
 
 
 class DockerRuntime(RayJobRuntime):
@@ -79,6 +115,7 @@ class DockerRuntime(RayJobRuntime):
         self.address: str | None = None
         self.job: RayJob | None = None
         self.options_recorded: dict = {}
+        self.ray_ports: dict[str, int] | None = None
 
     # --- preflight ------------------------------------------------------------------------------------
 
@@ -106,19 +143,27 @@ class DockerRuntime(RayJobRuntime):
         self._probe()
         self._start_ray_head()
 
+    @property
+    def host_network(self) -> bool:
+        return (self.network or HOST_NETWORK) == HOST_NETWORK
+
     def _start_container(self) -> None:
         opts = container_options(self.arm.platform)
-        host_port = free_port()
         volumes = {str(self.workspace): {"bind": L.WORKSPACE, "mode": "rw"}}
         for host_path, bind in self.input_mounts.items():
             volumes[str(Path(host_path).resolve())] = {"bind": bind, "mode": "ro"}
         run_kwargs = dict(
             image=self.image_id, entrypoint=["sleep", "infinity"], detach=True, name=f"rlk-run-{self.run_id}",
             environment={"RAY_USAGE_STATS_ENABLED": "0", "HOME": "/tmp"}, volumes=volumes,
-            ports={f"{CONTAINER_DASHBOARD_PORT}/tcp": ("127.0.0.1", host_port)},
             labels={f"{L.LABEL_PREFIX}.run-id": self.run_id}, **opts)
-        if self.network:
+        if self.host_network:
+            self.ray_ports = free_ports()
+            run_kwargs["network_mode"] = HOST_NETWORK
+            host_port = self.ray_ports["--dashboard-port"]
+        else:
+            host_port = free_port()
             run_kwargs["network"] = self.network
+            run_kwargs["ports"] = {f"{CONTAINER_DASHBOARD_PORT}/tcp": ("127.0.0.1", host_port)}
         self.options_recorded = {k: (v if isinstance(v, (str, int, bool, list, dict)) else repr(v))
                                  for k, v in run_kwargs.items() if k not in ("environment",)}
         self.options_recorded["ulimits"] = [repr(u) for u in opts.get("ulimits", [])]
@@ -151,7 +196,7 @@ class DockerRuntime(RayJobRuntime):
     def _start_ray_head(self) -> None:
         code, _, _ = self._exec(["test", "-x", L.RAY])
         ray_bin = L.RAY if code == 0 else "ray"
-        self.start_command = ray_head_command(ray_bin)
+        self.start_command = ray_head_command(ray_bin, self.ray_ports)
         code, out, err = self._exec(self.start_command, {"HOME": "/tmp", "RAY_TMPDIR": RAY_TMP,
                                                          "RAY_USAGE_STATS_ENABLED": "0"})
         if code != 0:
@@ -168,13 +213,14 @@ class DockerRuntime(RayJobRuntime):
 
     def describe(self) -> dict:
         cluster = dict(self.cluster or {"version": "unknown", "nodes": [], "resources": {}})
-        cluster["address"] = f"container {self.container.name if self.container else '?'}:{CONTAINER_DASHBOARD_PORT} " \
-                             f"published at {self.address}"
+        name = self.container.name if self.container else "?"
+        cluster["address"] = (f"container {name} on the host network, dashboard at {self.address}" if self.host_network
+                              else f"container {name}:{CONTAINER_DASHBOARD_PORT} published at {self.address}")
         cluster["start_command"] = self.start_command
         cluster["environment"] = {"HOME": "/tmp", "RAY_TMPDIR": RAY_TMP, "RAY_USAGE_STATS_ENABLED": "0"}
         return {"runtime": {"kind": self.kind, "container_name": self.container.name if self.container else None,
                             "container_id": self.container.id if self.container else None,
-                            "network": self.network or "bridge", "container_options": self.options_recorded},
+                            "network": self.network or HOST_NETWORK, "container_options": self.options_recorded},
                 "image": {"ref": self.image_ref, "id": self.image_id, "labels": self.image_labels},
                 "observed_identity": self.observed, "identity_differences": [],
                 "host": host_info(), "gpus": self._gpus(), "ray_cluster": cluster}

@@ -55,12 +55,16 @@ class LocalRayRuntime(RayRuntime):
     def preflight(self) -> None:
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": self.temp_dir, "RAY_TMPDIR": self.temp_dir}
         env.pop("RAY_ADDRESS", None)
-        self.head = subprocess.Popen(self.start_command, env=env, start_new_session=True,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        head_log = Path(self.temp_dir) / "kit-ray-head.log"
+        with open(head_log, "wb") as out:
+            self.head = subprocess.Popen(self.start_command, env=env, start_new_session=True,
+                                         stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while True:
             if self.head.poll() is not None:
-                raise CheckFailed(f"the local Ray head exited with {self.head.returncode}: {' '.join(self.start_command)}")
+                tail = head_log.read_text(errors="replace").strip().splitlines()[-12:]
+                raise CheckFailed(f"the local Ray head exited with {self.head.returncode}: {' '.join(self.start_command)}"
+                                  + ("\n  " + "\n  ".join(tail) if tail else ""))
             try:
                 self.cluster = self.probe_cluster()
                 break

@@ -43,6 +43,7 @@ out = {"version": ray.__version__, "resources": ray.cluster_resources(),
                   "resources": n.get("Resources", {}), "identity": ident} for n, ident in zip(nodes, identities)]}
 print("RLK-NODE-PROBE " + json.dumps(out, sort_keys=True), flush=True)
 """
+REACH_TIMEOUT_S = 20.0
 # Fields that differ between healthy nodes of one cluster.
 NODE_VOLATILE = ("observed_at", "hostname")
 
@@ -104,6 +105,9 @@ class RayRuntime(RayJobRuntime):
         return json.loads(found[-1])
 
     def preflight(self) -> None:
+        # an address the user named that nothing answers on is bad input (exit 2), like an absent Docker engine
+        wait_for_jobs_api(self.address, timeout_s=REACH_TIMEOUT_S, unreachable=lambda m: BadInput(
+            f"--ray-address {self.address}: cannot be reached ({m}); give the dashboard URL of a running cluster"))
         self.cluster = self.probe_cluster()
         problems = node_problems(self.cluster["nodes"], self.arm.stack.document)
         if problems:
