@@ -317,15 +317,22 @@ def layer_prefix_cache(L, xs):
 
 # --- launch-configuration sweep ----------------------------------------------------------------------
 
-# (BLOCK_M, warps, stages, one flat loop over key blocks)
-PREFILL_VARIANTS = ((128, 8, 3, False), (64, 4, 3, True), (128, 8, 2, True), (128, 8, 3, True))
-DECODE_VARIANTS = ((64, 4, 2), (64, 4, 3), (16, 1, 3))
+# prefill: (BLOCK_M, warps, stages, unmasked interior blocks, heavy tiles first, tensor-descriptor
+# loads) -- all bit-neutral; the first is round 2's schedule
+PREFILL_VARIANTS = ((128, 8, 3, False, False, False), (128, 8, 3, True, False, False),
+                    (128, 8, 3, False, True, False), (128, 8, 3, True, True, False),
+                    (128, 8, 3, True, True, True), (128, 8, 4, True, True, True), (128, 8, 2, True, True, True))
+# decode: rows per program of the split merge (64: round 2's, the split kernel's tile) -- bit-neutral
+DECODE_VARIANTS = (64, 16, 4)
+# other canonical splits: these change the strict bits (a different canonical schedule); timed to
+# show what the split size costs and buys (16384: one split, the schedule's upper bound)
+SPLIT_VARIANTS = (256, 512, 16384)
 LOGP_SMALL_VARIANTS = ((64, 128, 128, 4, 4), (64, 128, 64, 4, 6))
 
 
-def sweep(L):
-    """Core attention (prefill 8192 tokens; decode batch 8 / 64 over 7168 cached keys) and decode
-    logp (batch 8) under several launch configurations, each timed against the same P and checked
+def sweep(L, split_sizes=True):
+    """Core attention (prefill 8192 tokens; decode batch 1 / 8 / 64 over 2048 / 7168 cached keys)
+    and decode logp (batch 8) under several schedules, each timed against the same P and checked
     byte for byte against the defaults (attention: decode steps against the prefill rows)."""
     import torch
     import torch.nn.functional as F
@@ -334,9 +341,10 @@ def sweep(L):
     cfg = L.cfg
     d = cfg.head_dim
     gen = torch.Generator(device="cuda").manual_seed(13)
-    res = {"defaults": {"prefill": list(ta.PREFILL), "prefill_flat": ta.FLAT, "decode": list(ta.DECODE), "logp_small": list(triton_logp.SMALL),
-                        "merge_chunk": triton_logp.MERGE_CHUNK},
-           "prefill_attention": [], "decode_attention": [], "decode_logp": []}
+    res = {"defaults": {"prefill": list(ta.PREFILL), "fast": ta.FAST, "heavy_first": ta.HEAVY_FIRST,
+                        "decode": list(ta.DECODE), "combine_rows": ta.COMBINE_ROWS, "tma": ta.TMA, "split": ta.SPLIT,
+                        "logp_small": list(triton_logp.SMALL), "merge_chunk": triton_logp.MERGE_CHUNK},
+           "prefill_attention": [], "decode_attention": [], "split_size": [], "decode_logp": []}
     length = 8192
     qs = (torch.randn(1, cfg.heads, length, d, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
     ks = torch.randn(1, cfg.query_groups, length, d, device="cuda", generator=gen).to(torch.bfloat16)
@@ -345,55 +353,81 @@ def sweep(L):
     ref = ta.attention(qs, ks, vs, pos)
     probes = (0, 255, 256, 1000, 4095, 8191)
 
-    def decode_equal(dec, pre_out):
+    def decode_equal(pre_out, **kw):
         return all(_same(ta.attention(qs[:, :, p:p + 1], ks[:, :, :p + 1], vs[:, :, :p + 1], pos[:, p:p + 1],
-                                      decode=dec)[:, :, 0], pre_out[:, :, p]) for p in probes)
+                                      **kw)[:, :, 0], pre_out[:, :, p]) for p in probes)
+
+    def sdpa_prefill():
+        return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
 
     for pre in PREFILL_VARIANTS:
+        kw = dict(prefill=pre[:3], fast=pre[3], heavy_first=pre[4], tma=pre[5])
+        row = {"config": list(pre)}
         try:
-            out = ta.attention(qs, ks, vs, pos, prefill=pre[:3], flat=pre[3])
-            row = {"config": list(pre), "same_as_default": _same(out, ref),
-                   "decode_equal": decode_equal(None, out)}
-            row.update(side_by_side(lambda: ta.attention(qs, ks, vs, pos, prefill=pre[:3], flat=pre[3]),
-                                    lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True), 5))
+            out = ta.attention(qs, ks, vs, pos, **kw)
+            row.update(same_as_default=_same(out, ref), decode_equal=decode_equal(out))
+            row.update(side_by_side(lambda: ta.attention(qs, ks, vs, pos, **kw), sdpa_prefill, 5))
         except Exception as exc:
-            row = {"config": list(pre), "error": repr(exc)[:300]}
+            row["error"] = repr(exc)[:300]
         res["prefill_attention"].append(row)
         print("sweep prefill attention", row, flush=True)
-    ctx = 7168
-    for batch in (8, 64):
-        q = (torch.randn(batch, cfg.heads, 1, d, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
-        kc = torch.randn(batch, cfg.query_groups, ctx + 1, d, device="cuda", generator=gen).to(torch.bfloat16)
-        vc = torch.randn_like(kc)
-        qpos = torch.full((batch, 1), ctx, device="cuda")
-        for dec in DECODE_VARIANTS:
+    cases = {}
+    for ctx in (2048, 7168):
+        for batch in (1, 8, 64):
+            q = (torch.randn(batch, cfg.heads, 1, d, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
+            kc = torch.randn(batch, cfg.query_groups, ctx + 1, d, device="cuda", generator=gen).to(torch.bfloat16)
+            cases[ctx, batch] = (q, kc, torch.randn_like(kc), torch.full((batch, 1), ctx, device="cuda"))
+    for (ctx, batch), (q, kc, vc, qpos) in cases.items():
+        base = ta.attention(q, kc, vc, qpos, combine_rows=64)
+        for rows in DECODE_VARIANTS:
+            row = {"batch": batch, "kv_cache": ctx, "combine_rows": rows}
             try:
-                row = {"batch": batch, "kv_cache": ctx, "config": list(dec)}
-                if batch == 8:
-                    row["decode_equal"] = decode_equal(dec, ref)
-                row.update(side_by_side(lambda: ta.attention(q, kc, vc, qpos, decode=dec),
+                row["same_as_64_rows"] = _same(ta.attention(q, kc, vc, qpos, combine_rows=rows), base)
+                if batch == 8 and ctx == 2048:
+                    row["decode_equal"] = decode_equal(ref, combine_rows=rows)
+                row.update(side_by_side(lambda: ta.attention(q, kc, vc, qpos, combine_rows=rows),
                                         lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True), 20))
             except Exception as exc:
                 row["error"] = repr(exc)[:300]
             res["decode_attention"].append(row)
             print("sweep decode attention", row, flush=True)
+    default_split = ta.SPLIT
+    for split in SPLIT_VARIANTS if split_sizes else ():
+        ta.SPLIT = split
+        try:
+            out = ta.attention(qs, ks, vs, pos)
+            row = {"split": split, "phase": "prefill", "tokens": length, "decode_equal": decode_equal(out)}
+            row.update(side_by_side(lambda: ta.attention(qs, ks, vs, pos), sdpa_prefill, 5))
+            res["split_size"].append(row)
+            print("sweep split", row, flush=True)
+            if split < length:
+                for (ctx, batch), (q, kc, vc, qpos) in cases.items():
+                    row = {"split": split, "phase": "decode", "batch": batch, "kv_cache": ctx}
+                    row.update(side_by_side(lambda: ta.attention(q, kc, vc, qpos),
+                                            lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True), 20))
+                    res["split_size"].append(row)
+                    print("sweep split", row, flush=True)
+        except Exception as exc:
+            res["split_size"].append({"split": split, "error": repr(exc)[:300]})
+        finally:
+            ta.SPLIT = default_split
     x = torch.randn(300, cfg.hidden, device="cuda", generator=gen).to(torch.bfloat16)
     targets = torch.randint(0, cfg.vocab, (300,), device="cuda", generator=gen)
     full = triton_logp.logp(x, L.r_lm, targets, vocab=cfg.vocab)                 # the large launch
-    xb, tb = x[:8].contiguous(), targets[:8].contiguous()
-    default_small, default_chunk = triton_logp.SMALL, triton_logp.MERGE_CHUNK
-    for small in LOGP_SMALL_VARIANTS:
-        for chunk in (1, 8):
-            row = {"batch": 8, "config": list(small), "merge_chunk": chunk}
-            triton_logp.SMALL, triton_logp.MERGE_CHUNK = small, chunk
+    default_small = triton_logp.SMALL
+    for batch in (1, 8):
+        xb, tb = x[:batch].contiguous(), targets[:batch].contiguous()
+        for small in LOGP_SMALL_VARIANTS:
+            row = {"batch": batch, "config": list(small)}
+            triton_logp.SMALL = small
             try:
-                row["same_as_large_launch"] = _same(triton_logp.logp(xb, L.r_lm, tb, vocab=cfg.vocab), full[:8])
+                row["same_as_large_launch"] = _same(triton_logp.logp(xb, L.r_lm, tb, vocab=cfg.vocab), full[:batch])
                 row.update(side_by_side(lambda: triton_logp.logp(xb, L.r_lm, tb, vocab=cfg.vocab),
                                         lambda: torch.log_softmax(F.linear(xb, L.lm)[:, :cfg.vocab].float(), -1), 20))
             except Exception as exc:
                 row["error"] = repr(exc)[:300]
             finally:
-                triton_logp.SMALL, triton_logp.MERGE_CHUNK = default_small, default_chunk
+                triton_logp.SMALL = default_small
             res["decode_logp"].append(row)
             print("sweep decode logp", row, flush=True)
     return res
@@ -463,6 +497,8 @@ def main(argv=None):
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-sweep", action="store_true", help="skip the launch-configuration sweep")
+    ap.add_argument("--no-split-sizes", action="store_true",
+                    help="sweep without the other canonical split sizes (they change the bits; timing only)")
     args = ap.parse_args(argv)
     _bootstrap()
     import torch
@@ -491,7 +527,7 @@ def main(argv=None):
         section("invariance_at_scale", lambda: invariance_at_scale(L))
         print(json.dumps(doc["invariance_at_scale"], indent=1), flush=True)
         if not args.no_sweep:
-            section("sweep", lambda: sweep(L))
+            section("sweep", lambda: sweep(L, split_sizes=not args.no_split_sizes))
         section("throughput", lambda: throughput(L, quick=args.quick))
         doc["goals"] = {"prefill": 0.85, "decode": 0.95,
                         "anchors": {"thinking_machines_batch_invariant_vllm": 0.62, "sglang_deterministic": 0.75}}

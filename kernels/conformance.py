@@ -42,6 +42,7 @@ class CheckShape:
     reductions: dict = field(default_factory=dict)
     train_layouts: tuple = ()          # empty: every training layout
     rollout_tps: tuple = ()            # empty: every rollout TP
+    long_context: "CheckShape | None" = None   # a second, long-sequence pass (GPU): KV caches of 7k
 
 
 def check_shape(shape: str, device: str = "cpu") -> CheckShape:
@@ -59,8 +60,15 @@ def check_shape(shape: str, device: str = "cpu") -> CheckShape:
                                   "layouts": "training TP1/CP8, TP2/CP4, TP4/CP2, TP8/CP1 against TP1/CP1; rollout TP1 and TP4",
                                   "layers": "one layer's attention and FFN weights, and the full LM head",
                               })
+        # the long pass: 2 sequences of 7232 tokens -- decode steps over KV caches of 7168..7231
+        # keys against the full-sequence training recompute, under a CP and a TP training layout
+        long = CheckShape("qwen3-8b-7k", ModelConfig.qwen3_8b(), seq_len=7232, prompt_len=7168, batch_sizes=(1, 2),
+                          train_layouts=(TrainLayout(2, 4), TrainLayout(8, 1)), rollout_tps=(1, 8))
         return CheckShape("qwen3-8b", ModelConfig.qwen3_8b(), seq_len=256, prompt_len=192, batch_sizes=(1, 2, 3, 8, 17, 64),
-                          reductions={"seq_len": "256 tokens per sequence (192 prefilled, 64 decoded)",
+                          long_context=long,
+                          reductions={"seq_len": "256 tokens per sequence (192 prefilled, 64 decoded), and a long "
+                                                 "pass of 2 sequences of 7232 tokens (7168 prefilled, 64 decoded; "
+                                                 "training TP2/CP4 and TP8/CP1, rollout TP1 and TP8)",
                                       "layers": "one layer's attention and FFN weights, and the full LM head"})
     raise ValueError(f"unknown shape {shape!r}; accepted: smoke, qwen3-8b")
 
@@ -82,7 +90,7 @@ def _compare(a, b):
 
 
 class _Inputs:
-    def __init__(self, shape: CheckShape, device: str):
+    def __init__(self, shape: CheckShape, device: str, weights=None):
         import torch
         cfg = shape.config
         gen = torch.Generator().manual_seed(INPUT_SEED)
@@ -92,8 +100,9 @@ class _Inputs:
         self.hidden = torch.randn(self.batch, shape.seq_len, cfg.hidden, generator=gen).to(device, dtype)
         self.targets = torch.randint(0, cfg.vocab, (self.batch, shape.seq_len), generator=gen).to(device)
         self.subsets = {n: torch.randperm(self.batch, generator=gen)[:n].sort().values.to(device) for n in shape.batch_sizes}
-        weights = init_weights(cfg, INPUT_SEED, layers=1)
-        self.weights = {k: v.to(device, dtype) for k, v in weights.items()}
+        if weights is None:
+            weights = {k: v.to(device, dtype) for k, v in init_weights(cfg, INPUT_SEED, layers=1).items()}
+        self.weights = weights
         self.layer = layer_weights(self.weights, 0)
         self.rope = tuple(t.to(device, dtype) for t in rope_table(cfg, shape.seq_len))
 
@@ -164,6 +173,25 @@ def _run_variant(module, impl, inp, shape, kind, arg):
     return _rollout_variant(module, impl, inp, cfg, inp.hidden[rows], inp.targets[rows], tp, shape.prompt_len), rows
 
 
+def _module_rows(module, inp, spec, refs, prefix):
+    """Every variant of one module against the training TP1/CP1 reference, R and P."""
+    rows = []
+    for label, kind, arg in _variants(spec):
+        result = {"variant": prefix + label}
+        for impl in ("R", "P"):
+            out, subset = _run_variant(module, impl, inp, spec, kind, arg)
+            ref = refs[impl] if subset is None else refs[impl][subset]
+            equal, ne, diff = _compare(out, ref)
+            if impl == "R":
+                result["strict_bytes_equal"] = equal
+            else:
+                result["production_mismatches"] = ne
+                result["production_max_abs_diff"] = diff
+                result["elements"] = out.numel()
+        rows.append(result)
+    return rows
+
+
 def run_check(*, device: str = "cpu", shape: str = "smoke") -> dict:
     """Run the oracle; returns the ``rlk-kit/conformance/v1`` document (``passed`` False when R varies)."""
     import torch
@@ -172,25 +200,19 @@ def run_check(*, device: str = "cpu", shape: str = "smoke") -> dict:
     spec = check_shape(shape, device)
     inp = _Inputs(spec, device)
     fingerprint = hashlib.sha256(f"{SCHEMA}|{spec.name}|{spec.config.config_sha256}|{INPUT_SEED}|".encode())
+    passes = [(spec, "", inp)]
+    if spec.long_context is not None:       # inputs drawn on the CPU, as the first pass's
+        passes.append((spec.long_context, "7k: ", _Inputs(spec.long_context, device, weights=inp.weights)))
     modules = []
     with torch.no_grad(), torch.device(device):
         for module in MODULES:
-            refs = {impl: _run_variant(module, impl, inp, spec, "train", TrainLayout(1, 1))[0] for impl in ("R", "P")}
-            fingerprint.update(module.encode() + b"|" + _bytes(refs["R"]))
             rows = []
-            for label, kind, arg in _variants(spec):
-                result = {"variant": label}
-                for impl in ("R", "P"):
-                    out, subset = _run_variant(module, impl, inp, spec, kind, arg)
-                    ref = refs[impl] if subset is None else refs[impl][subset]
-                    equal, ne, diff = _compare(out, ref)
-                    if impl == "R":
-                        result["strict_bytes_equal"] = equal
-                    else:
-                        result["production_mismatches"] = ne
-                        result["production_max_abs_diff"] = diff
-                        result["elements"] = out.numel()
-                rows.append(result)
+            for pass_spec, prefix, pass_inp in passes:
+                refs = {impl: _run_variant(module, impl, pass_inp, pass_spec, "train", TrainLayout(1, 1))[0]
+                        for impl in ("R", "P")}
+                fingerprint.update(module.encode() + prefix.encode() + b"|" + _bytes(refs["R"]))
+                rows += _module_rows(module, pass_inp, pass_spec, refs, prefix)
+                del refs
             modules.append({
                 "module": module,
                 "strict_backend": ops.strict_backend_id(module, device),

@@ -157,7 +157,8 @@ def test_module_matrix_provider_flags(arm, provider, strict_ci):
 def test_mode_with_arm_sets_every_case():
     doc = plan("--arm", "consistency", "--mode", "native")
     assert set(doc["arm"]["operators"].values()) == {"P/P"}
-    assert doc["arm"]["name"] == "consistency-native" and "comparison" not in doc["arm"]
+    assert doc["arm"]["name"] == "consistency-native"
+    assert doc["arm"]["comparison"] == {"with": "consistency", "factors": ["operators"]}
     assert plan("--mode", "native")["arm"]["name"] == "native"
 
 

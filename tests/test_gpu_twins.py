@@ -67,7 +67,14 @@ def test_tree_refuses_non_power_of_two():
         triton_gemm.shard_matmul_tree(torch.randn(3, 4, 16), torch.randn(3, 16, 8))
 
 
-def test_attention_matches_cpu_and_decode_launch_equals_prefill_launch():
+@pytest.fixture
+def short_splits(monkeypatch):
+    """256-key splits, so that the interpreter's short sequences span several splits (the split
+    size is a constant of the schedule; the GPU default is exercised by the H200 benchmark)."""
+    monkeypatch.setattr(triton_attention, "SPLIT", 256)
+
+
+def test_attention_matches_cpu_and_decode_launch_equals_prefill_launch(short_splits):
     gen = torch.Generator().manual_seed(3)
     b, hq, hkv, length, d = 2, 8, 2, 300, 128
     q = bf(torch.randn(b, hq, length, d, generator=gen) * d ** -0.5)
@@ -92,21 +99,36 @@ def test_attention_matches_cpu_and_decode_launch_equals_prefill_launch():
     torch.testing.assert_close(split[:, :, 0], ref[:, :, p], atol=1e-2, rtol=1e-2)
 
 
-def test_flat_prefill_loop_equals_loop_per_split_and_decode_launch():
+def test_scheduling_choices_keep_the_bits_and_decode_equals_prefill(short_splits):
     gen = torch.Generator().manual_seed(9)
     b, hq, hkv, length, d = 1, 8, 2, 600, 128                        # 3 splits, the last one partial
     q = bf(torch.randn(b, hq, length, d, generator=gen) * d ** -0.5)
     k, v = bf(torch.randn(b, hkv, length, d, generator=gen)), bf(torch.randn(b, hkv, length, d, generator=gen))
     pos = torch.arange(length).view(1, -1)
     tile = triton_attention.DECODE                                   # one tile height (see above)
-    flat = triton_attention.attention(q, k, v, pos, out_dtype=torch.float32, prefill=tile, flat=True)
-    nested = triton_attention.attention(q, k, v, pos, out_dtype=torch.float32, prefill=tile, flat=False)
-    assert torch.equal(flat, nested)
+    fast = triton_attention.attention(q, k, v, pos, out_dtype=torch.float32, prefill=tile, fast=True)
+    masked = triton_attention.attention(q, k, v, pos, out_dtype=torch.float32, prefill=tile, fast=False,
+                                        heavy_first=False)
+    assert torch.equal(fast, masked)                                 # unmasked interior blocks, launch order
+    copy_engine = triton_attention.attention(q, k, v, pos, out_dtype=torch.float32, prefill=tile, tma=True)
+    assert torch.equal(copy_engine, masked)                          # tensor-descriptor loads
+    # (the interpreter's dot is a NumPy product, so the CPU twin compares launches over the same
+    # tile contents; prefill rows against decode steps are compared byte for byte on the GPU)
     for p in (255, 256, 511, 599):
         args = (q[:, :, p:p + 1], k[:, :, :p + 1], v[:, :, :p + 1], pos[:, p:p + 1])
-        split = triton_attention.attention(*args, out_dtype=torch.float32, per_split=True)
-        whole = triton_attention.attention(*args, out_dtype=torch.float32, per_split=False, prefill=tile, flat=True)
-        assert torch.equal(split, whole), p
+        whole = triton_attention.attention(*args, out_dtype=torch.float32, per_split=False, prefill=tile)
+        for rows in (1, 2, 4):                                       # rows per merge program
+            split = triton_attention.attention(*args, out_dtype=torch.float32, per_split=True, combine_rows=rows)
+            assert torch.equal(split, whole), (p, rows)
+    # a tile holding rows of different positions (a chunk of 3 queries) over a cache longer than
+    # the positions: the unmasked blocks stop at the tile's lowest position
+    rows = torch.tensor([[300, 301, 599]])
+    args = (q[:, :, [300, 301, 599]], k, v, rows)
+    chunk = triton_attention.attention(*args, out_dtype=torch.float32, per_split=True)
+    masked = triton_attention.attention(*args, out_dtype=torch.float32, per_split=False, prefill=tile, fast=False)
+    whole = triton_attention.attention(*args, out_dtype=torch.float32, per_split=False, prefill=tile)
+    assert torch.equal(chunk, masked) and torch.equal(chunk, whole)
+    torch.testing.assert_close(chunk, fast[:, :, [300, 301, 599]], atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

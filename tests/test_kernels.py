@@ -138,6 +138,27 @@ def test_oracle_catches_a_non_invariant_strict_operator(monkeypatch):
     assert [m["module"] for m in report["modules"] if not m["strict_invariant"]] == ["ffn"]
 
 
+def test_oracle_long_context_pass_is_checked_and_fingerprinted(monkeypatch):
+    # the GPU shape adds a long pass (KV caches of 7k keys); the same machinery on the smoke model
+    import dataclasses
+
+    from rlk_kernels import conformance
+
+    base = conformance.check_shape("smoke")
+    long = dataclasses.replace(base, name="smoke-long", seq_len=64, prompt_len=48, batch_sizes=(1, 2),
+                               train_layouts=(TrainLayout(2, 4), TrainLayout(8, 1)), rollout_tps=(1, 8))
+    monkeypatch.setattr(conformance, "check_shape", lambda shape, device="cpu": dataclasses.replace(base, long_context=long))
+    report = run_check(shape="smoke")
+    assert report["passed"] and not schema_problems(report, "rlk-kit/conformance/v1")
+    for module in report["modules"]:
+        names = [v["variant"] for v in module["variants"]]
+        assert len(names) == 20 + 6 and sum(n.startswith("7k: ") for n in names) == 6
+    monkeypatch.undo()
+    assert run_check(shape="smoke")["fingerprint"] != report["fingerprint"]      # the long pass is hashed
+    spec = conformance.check_shape("qwen3-8b", "cuda")
+    assert spec.long_context.prompt_len == 7168 and spec.long_context.seq_len - spec.long_context.prompt_len == 64
+
+
 def test_cli_check_json_and_table():
     runner = CliRunner()
     result = runner.invoke(cli, ["kernels", "check", "--json"])

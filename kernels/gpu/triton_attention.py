@@ -10,18 +10,22 @@ queries of its tile, on the batch, on prefill against decode, or on the CP place
 Rows of a tile are (query, head of the KV group) pairs: ``BLOCK_M`` rows = ``BLOCK_M / rep``
 queries of all ``rep`` heads sharing one KV head. Two launches with the same per-row arithmetic:
 
-- prefill (more than one row tile): one program per row tile walks every split and merges it in
-  registers (:data:`PREFILL`: 128-row tiles, two warp groups of 64 rows);
+- prefill (more than one row tile): one program per row tile walks every key block and, at each
+  split's last block, merges the split into its running state in registers (:data:`PREFILL`:
+  128-row tiles, two warp groups of 64 rows); row tiles start last-first (:data:`HEAVY_FIRST`),
+  since under the causal mask the last tiles walk the most keys;
 - decode (one row tile per sequence and KV head): one program per split writes the split's
   (m, l, acc) in fp32, and a second kernel merges them in split order with the same merge code
-  (:data:`DECODE`: 64-row tiles, one warp group).
+  (:data:`DECODE`: 64-row tiles, one warp group; the merge takes the real rows only).
 
 What a row's bits depend on is the same in both: the score of a (row, key) pair is one 64-row
 warp-group MMA chained over the head dimension in k16 steps, the key blocks (``BLOCK_N``) and the
 splits (``SPLIT``) are fixed over global positions, the online softmax runs over a block's
 ``BLOCK_N`` columns held by one warp group, and the splits are merged in split order. Tile
-height, warps per program and pipeline depth only change how many rows share a program and how
-loads are scheduled (the benchmark checks prefill against decode byte for byte on the GPU).
+height, warps per program, pipeline depth, launch order and the merge's row block only change
+how many rows share a program and how work is scheduled. A block whose keys every row of the tile may
+see is stepped without masks (:data:`FAST`): there the masks select every value, so the bits are
+the same (the benchmark checks all of this byte for byte on the GPU).
 
 Example (``TRITON_INTERPRET=1`` on a CPU)::
 
@@ -40,26 +44,31 @@ import triton.language as tl
 from rlk_kernels.gpu.common import interpreting, mma
 
 BLOCK_N = 64                 # keys per block: fixed (the online-softmax and P.V granularity)
-SPLIT = 256                  # keys per split: fixed over global positions
+SPLIT = 1024                 # keys per split: fixed over global positions (the H200 sweep of 256 /
+                             # 512 / 1024: 1024 is the fastest for prefill and batch-64 decode and
+                             # keeps batch-1 decode within the goal)
 # (BLOCK_M, num_warps, num_stages) per launch; BLOCK_M / num_warps = 16 keeps 64-row warp groups
 PREFILL = (128, 8, 3)
-FLAT = True                  # prefill: one loop over key blocks (False: a loop per split; same bits)
 DECODE = (64, 4, 3)
 BLOCK_M = DECODE[0]          # the row tile that decides prefill (more than one tile) against decode
-
+FAST = True                  # unmasked steps for blocks every row of the tile sees (same bits)
+HEAVY_FIRST = True           # prefill: launch the row tiles with the most keys first (same bits)
+TMA = False                  # prefill: unmasked blocks through tensor descriptors on Hopper (same bits;
+                             # slower on the H200: 2040 against 1841 us at 8192 tokens)
+COMBINE_ROWS = 16            # decode: most rows per program of the split merge (same bits)
 
 @triton.jit
-def _split_state(q, k_ptr, v_ptr, pos, first, last, Lk, skn, skd, svn, svd,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, INTERP: tl.constexpr):
-    """Online softmax over key blocks first, first+BLOCK_N, ... < last (in order)."""
-    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
-    dims = tl.arange(0, D)
-    for start in range(first, last, BLOCK_N):
-        kpos = start + tl.arange(0, BLOCK_N)
+def _block(q, kb, vb, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, INTERP: tl.constexpr,
+           TMA: tl.constexpr = False):
+    """One key block's online-softmax step. ``MASKED`` False is for a block whose keys every row of
+    the tile may see (below every row's position and inside the cache): there the masks select
+    every value, so leaving them out gives the same bits with less work. ``TMA``: ``kb``/``vb`` are
+    tensor descriptors (the copy engine loads the same values)."""
+    kpos = start + tl.arange(0, BLOCK_N)
+    if MASKED:
         kmask = kpos < Lk
-        k = tl.load(k_ptr + kpos[:, None] * skn + dims[None, :] * skd, mask=kmask[:, None], other=0.0)
+        k = tl.load(kb + kpos[:, None] * skn + dims[None, :] * skd, mask=kmask[:, None], other=0.0)
         scores = mma(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERP)
         valid = (kpos[None, :] <= pos[:, None]) & kmask[None, :]
         scores = tl.where(valid, scores, float("-inf"))
@@ -67,12 +76,26 @@ def _split_state(q, k_ptr, v_ptr, pos, first, last, Lk, skn, skd, svn, svd,
         m_new = tl.where(active, tl.maximum(m, tl.max(scores, 1)), m)
         p = tl.where(valid, tl.exp(scores - m_new[:, None]), 0.0)
         alpha = tl.where(active, tl.exp(m - m_new), 1.0)
-        v = tl.load(v_ptr + kpos[:, None] * svn + dims[None, :] * svd, mask=kmask[:, None], other=0.0)
+        v = tl.load(vb + kpos[:, None] * svn + dims[None, :] * svd, mask=kmask[:, None], other=0.0)
         acc_new = mma(p, v, acc * alpha[:, None], INTERP)
         l = tl.where(active, l * alpha + tl.sum(p, 1), l)
         acc = tl.where(active[:, None], acc_new, acc)
-        m = m_new
-    return m, l, acc
+    else:
+        if TMA:
+            k = kb.load([start, 0])
+        else:
+            k = tl.load(kb + kpos[:, None] * skn + dims[None, :] * skd)
+        scores = mma(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERP)
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        p = tl.exp(scores - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        if TMA:
+            v = vb.load([start, 0])
+        else:
+            v = tl.load(vb + kpos[:, None] * svn + dims[None, :] * svd)
+        acc = mma(p, v, acc * alpha[:, None], INTERP)
+        l = l * alpha + tl.sum(p, 1)
+    return m_new, l, acc
 
 
 @triton.jit
@@ -92,14 +115,21 @@ def _rows(pid_r, Lq, REP: tl.constexpr, BLOCK_M: tl.constexpr):
     return r, r < Lq * REP, r // REP, r % REP
 
 
-@triton.jit(do_not_specialize=["Lq", "Lk", "n_splits"])
+@triton.jit(do_not_specialize=["Lq", "Lk", "n_splits", "n_tiles"])
 def _attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
-                 Lq, Lk, HKV, n_splits,
+                 Lq, Lk, HKV, n_splits, n_tiles,
                  sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
                  REP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                 SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr, INTERP: tl.constexpr, FLAT: tl.constexpr = True):
-    pid_r = tl.program_id(0)
-    bg = tl.program_id(1)
+                 SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr, FAST: tl.constexpr,
+                 HEAVY_FIRST: tl.constexpr, INTERP: tl.constexpr, TMA: tl.constexpr = False):
+    if PER_SPLIT:                            # grid (row tile, sequence x KV head, split group)
+        pid_r = tl.program_id(0)
+        bg = tl.program_id(1)
+    else:                                    # grid (sequence x KV head, row tile)
+        bg = tl.program_id(0)
+        pid_r = tl.program_id(1)
+        if HEAVY_FIRST:
+            pid_r = n_tiles - 1 - pid_r
     b = bg // HKV
     g = bg % HKV
     r, row_ok, qi, hh = _rows(pid_r, Lq, REP, BLOCK_M)
@@ -110,42 +140,48 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
                 mask=row_ok[:, None], other=0.0)
     kb = k_ptr + b * skb + g * skh
     vb = v_ptr + b * svb + g * svh
+    top = tl.max(pos, 0) + 1                 # keys any row of the tile sees: 0 .. top-1
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)         # the current split's state
+    l = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
     if PER_SPLIT:
+        # decode: this program's split, every block masked (a decode tile's rows see all but its
+        # last block; unmasked steps did not pay on the H200)
         s = tl.program_id(2)
-        first = s * SPLIT
-        last = tl.minimum(first + SPLIT, tl.max(pos, 0) + 1)
-        m, l, acc = _split_state(q, kb, vb, pos, first, last, Lk, skn, skd, svn, svd, BLOCK_M, BLOCK_N, D, INTERP)
-        base = (bg * n_splits + s) * (Lq * REP) + r
-        tl.store(pm_ptr + base, m, mask=row_ok)
-        tl.store(pl_ptr + base, l, mask=row_ok)
-        tl.store(pacc_ptr + base[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
-    elif FLAT:
-        # one loop over every key block (pipelined across split boundaries): the block update of
-        # _split_state, and at a split's last block the merge of _merge followed by a fresh split
-        # state, selected with ``where`` -- the same operations on the same values as the nested form
-        top = tl.max(pos, 0) + 1
-        M = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        for start in range(s * SPLIT, tl.minimum(s * SPLIT + SPLIT, top), BLOCK_N):
+            m, l, acc = _block(q, kb, vb, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
+                               BLOCK_M, BLOCK_N, True, INTERP)
+        at = (bg * n_splits + s) * (Lq * REP) + r
+        tl.store(pm_ptr + at, m, mask=row_ok)
+        tl.store(pl_ptr + at, l, mask=row_ok)
+        tl.store(pacc_ptr + at[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+    else:
+        fast_end = 0
+        if FAST:                             # keys 0 .. low-1 are seen by every row of the tile
+            low = tl.min(tl.where(row_ok, pos, 1 << 30), 0) + 1
+            fast_end = tl.minimum(tl.minimum(low, Lk) // BLOCK_N * BLOCK_N, top)
+        M = tl.full((BLOCK_M,), float("-inf"), tl.float32)     # the merged state
         L = tl.zeros((BLOCK_M,), tl.float32)
         ACC = tl.zeros((BLOCK_M, D), tl.float32)
-        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l = tl.zeros((BLOCK_M,), tl.float32)
-        acc = tl.zeros((BLOCK_M, D), tl.float32)
-        for start in range(0, top, BLOCK_N):
-            kpos = start + tl.arange(0, BLOCK_N)
-            kmask = kpos < Lk
-            k = tl.load(kb + kpos[:, None] * skn + dims[None, :] * skd, mask=kmask[:, None], other=0.0)
-            scores = mma(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERP)
-            valid = (kpos[None, :] <= pos[:, None]) & kmask[None, :]
-            scores = tl.where(valid, scores, float("-inf"))
-            active = start <= pos
-            m_new = tl.where(active, tl.maximum(m, tl.max(scores, 1)), m)
-            pr = tl.where(valid, tl.exp(scores - m_new[:, None]), 0.0)
-            alpha = tl.where(active, tl.exp(m - m_new), 1.0)
-            v = tl.load(vb + kpos[:, None] * svn + dims[None, :] * svd, mask=kmask[:, None], other=0.0)
-            acc_new = mma(pr, v, acc * alpha[:, None], INTERP)
-            l = tl.where(active, l * alpha + tl.sum(pr, 1), l)
-            acc = tl.where(active[:, None], acc_new, acc)
-            m = m_new
+        kd = kb
+        vd = vb
+        if TMA:                              # unmasked blocks through the copy engine
+            kd = tl.make_tensor_descriptor(kb, shape=[Lk, D], strides=[skn, 1], block_shape=[BLOCK_N, D])
+            vd = tl.make_tensor_descriptor(vb, shape=[Lk, D], strides=[svn, 1], block_shape=[BLOCK_N, D])
+        # two loops over the blocks in order (unmasked, then masked); at a split's last block the
+        # split's state is merged into the running state and the next split starts fresh
+        for start in range(0, fast_end, BLOCK_N):
+            m, l, acc = _block(q, kd, vd, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
+                               BLOCK_M, BLOCK_N, False, INTERP, TMA)
+            split_first = start - start % SPLIT
+            if (start + BLOCK_N == split_first + SPLIT) | (start + BLOCK_N >= top):
+                M, L, ACC = _merge(M, L, ACC, m, l, acc, split_first <= pos)
+                m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+                l = tl.zeros((BLOCK_M,), tl.float32)
+                acc = tl.zeros((BLOCK_M, D), tl.float32)
+        for start in range(fast_end, top, BLOCK_N):
+            m, l, acc = _block(q, kb, vb, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
+                               BLOCK_M, BLOCK_N, True, INTERP)
             split_first = start - start % SPLIT
             if (start + BLOCK_N == split_first + SPLIT) | (start + BLOCK_N >= top):
                 M, L, ACC = _merge(M, L, ACC, m, l, acc, split_first <= pos)
@@ -155,34 +191,24 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
         out = ACC / L[:, None]
         tl.store(o_ptr + b * sob + head[:, None] * soh + qi[:, None] * son + dims[None, :] * sod,
                  out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
-    else:
-        top = tl.max(pos, 0) + 1
-        M = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        L = tl.zeros((BLOCK_M,), tl.float32)
-        ACC = tl.zeros((BLOCK_M, D), tl.float32)
-        for first in range(0, top, SPLIT):
-            last = tl.minimum(first + SPLIT, top)
-            m, l, acc = _split_state(q, kb, vb, pos, first, last, Lk, skn, skd, svn, svd, BLOCK_M, BLOCK_N, D, INTERP)
-            M, L, ACC = _merge(M, L, ACC, m, l, acc, first <= pos)
-        out = ACC / L[:, None]
-        tl.store(o_ptr + b * sob + head[:, None] * soh + qi[:, None] * son + dims[None, :] * sod,
-                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit(do_not_specialize=["Lq", "n_splits"])
 def _combine_kernel(pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr, Lq, HKV, n_splits, sob, soh, son, sod,
-                    REP: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
+                    REP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
+    # the merge has no MMA, so its row block is the real rows only (a decode step has REP rows per
+    # KV head, not the 64 of the split kernel's tile)
     pid_r = tl.program_id(0)
     bg = tl.program_id(1)
     b = bg // HKV
     g = bg % HKV
-    r, row_ok, qi, hh = _rows(pid_r, Lq, REP, BLOCK_M)
+    r, row_ok, qi, hh = _rows(pid_r, Lq, REP, ROWS)
     head = g * REP + hh
     pos = tl.load(pos_ptr + b * Lq + qi, mask=row_ok, other=-1)
     dims = tl.arange(0, D)
-    M = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    L = tl.zeros((BLOCK_M,), tl.float32)
-    ACC = tl.zeros((BLOCK_M, D), tl.float32)
+    M = tl.full((ROWS,), float("-inf"), tl.float32)
+    L = tl.zeros((ROWS,), tl.float32)
+    ACC = tl.zeros((ROWS, D), tl.float32)
     for s in range(0, n_splits):
         active = (s * SPLIT <= pos) & row_ok
         base = (bg * n_splits + s) * (Lq * REP) + r
@@ -195,13 +221,38 @@ def _combine_kernel(pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr, Lq, HKV, n_splits,
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
+def _tma_ok(k, v) -> bool:
+    """Tensor descriptors need Hopper or later, unit-stride rows and 16-byte aligned row strides."""
+    import torch
+
+    if not (TMA and k.is_cuda and torch.cuda.get_device_capability(k.device)[0] >= 9):
+        return False
+    if any(t.stride(3) != 1 or (t.stride(2) * t.element_size()) % 16 or t.data_ptr() % 16 for t in (k, v)):
+        return False
+    _set_scratch_allocator()
+    return True
+
+
+def _set_scratch_allocator():
+    """Descriptors made inside a kernel need a global scratch buffer from the launcher."""
+    import torch
+
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, device="cuda", dtype=torch.int8)
+
+    triton.set_allocator(alloc)
+
+
 def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None, prefill=None, decode=None,
-              flat: bool | None = None):
+              fast: bool | None = None, heavy_first: bool | None = None, combine_rows: int | None = None,
+              tma: bool | None = None):
     """Causal attention of ``q`` [B, Hq, Lq, D] (already scaled) at positions ``q_pos`` [B, Lq] over
     ``k``/``v`` [B, Hkv, Lk, D] holding key positions 0..Lk-1. ``per_split`` None: decode launch when
     every sequence's rows fit one decode tile, prefill launch otherwise (both give the same bits).
-    ``prefill`` / ``decode``: (BLOCK_M, warps, stages) overrides of :data:`PREFILL` / :data:`DECODE`
-    (the benchmark's sweep); ``flat``: override of :data:`FLAT`."""
+    Scheduling overrides, none of which changes a bit (the benchmark's sweep): ``prefill`` /
+    ``decode`` (BLOCK_M, warps, stages) for :data:`PREFILL` / :data:`DECODE`, ``fast`` for
+    :data:`FAST`, ``heavy_first`` for :data:`HEAVY_FIRST`, ``combine_rows`` for :data:`COMBINE_ROWS`,
+    ``tma`` for :data:`TMA` (used where the GPU and the strides allow it)."""
     import torch
 
     batch, heads, lq, dim = q.shape
@@ -216,24 +267,29 @@ def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None, 
     if per_split is None:
         per_split = lq * rep <= dec_m
     strides = (*q.stride(), *k.stride(), *v.stride(), *out.stride())
-    consts = dict(REP=rep, BLOCK_N=BLOCK_N, D=dim, SPLIT=SPLIT, INTERP=interpreting(), enable_fp_fusion=False)
+    consts = dict(REP=rep, BLOCK_N=BLOCK_N, D=dim, SPLIT=SPLIT, INTERP=interpreting(),
+                  FAST=FAST if fast is None else fast, enable_fp_fusion=False)
     if not per_split:
         bm, warps, stages = prefill or PREFILL
         row_tiles = -(-lq * rep // bm)
-        _attn_kernel[(row_tiles, batch * hkv, 1)](q, k, v, pos, out, out, out, out, lq, lk, hkv, n_splits,
-                                                  *strides, PER_SPLIT=False, FLAT=FLAT if flat is None else flat,
-                                                  BLOCK_M=bm, num_warps=warps,
-                                                  num_stages=stages, **consts)
+        use_tma = _tma_ok(k, v) if tma is None else tma
+        if use_tma and k.is_cuda:
+            _set_scratch_allocator()
+        _attn_kernel[(batch * hkv, row_tiles, 1)](
+            q, k, v, pos, out, out, out, out, lq, lk, hkv, n_splits, row_tiles, *strides,
+            PER_SPLIT=False, HEAVY_FIRST=HEAVY_FIRST if heavy_first is None else heavy_first,
+            BLOCK_M=bm, num_warps=warps, num_stages=stages, TMA=use_tma, **consts)
         return out
     row_tiles = -(-lq * rep // dec_m)
     rows = lq * rep
     pm = torch.empty(batch * hkv * n_splits * rows, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
     pacc = torch.empty(batch * hkv * n_splits * rows, dim, dtype=torch.float32, device=q.device)
-    _attn_kernel[(row_tiles, batch * hkv, n_splits)](q, k, v, pos, out, pm, pl, pacc, lq, lk, hkv, n_splits,
-                                                     *strides, PER_SPLIT=True, BLOCK_M=dec_m, num_warps=dec_warps,
-                                                     num_stages=dec_stages, **consts)
-    _combine_kernel[(row_tiles, batch * hkv)](pos, out, pm, pl, pacc, lq, hkv, n_splits, *out.stride(),
-                                              REP=rep, BLOCK_M=dec_m, D=dim, SPLIT=SPLIT, num_warps=4,
-                                              enable_fp_fusion=False)
+    _attn_kernel[(row_tiles, batch * hkv, n_splits)](
+        q, k, v, pos, out, pm, pl, pacc, lq, lk, hkv, n_splits, row_tiles, *strides,
+        PER_SPLIT=True, HEAVY_FIRST=False, BLOCK_M=dec_m, num_warps=dec_warps, num_stages=dec_stages, **consts)
+    combine_rows = combine_rows or min(COMBINE_ROWS, triton.next_power_of_2(rows))
+    _combine_kernel[(-(-rows // combine_rows), batch * hkv)](
+        pos, out, pm, pl, pacc, lq, hkv, n_splits, *out.stride(), REP=rep, ROWS=combine_rows, D=dim,
+        SPLIT=SPLIT, num_warps=4, enable_fp_fusion=False)
     return out

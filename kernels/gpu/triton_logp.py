@@ -3,10 +3,10 @@
 One program computes a [BM, BN] logits tile of one virtual shard (full K loop, fp32 accumulator,
 ``BN`` fixed for every launch so the summaries have one granularity), masks padded vocabulary,
 and writes the tile's (max, sum of exp(logit - max)) per row, plus the target logit when the target
-falls in the tile. The logits never reach memory. The merge kernel folds, per row, the tiles of
-each shard in vocabulary order into the shard's (max, sum-exp) — a shard with no valid token gets
-(0, 0), as the CPU reference's safe max does — and then the shards in global order exactly as
-:func:`rlk_kernels.ops.strict_logp` merges them: logp = target - (max + log(sum)).
+falls in the tile. The logits never reach memory. A shard kernel folds, per row and shard, the
+shard's tiles in vocabulary order into the shard's (max, sum-exp) — a shard with no valid token
+gets (0, 0), as the CPU reference's safe max does — and a merge kernel folds the shards in global
+order exactly as :func:`rlk_kernels.ops.strict_logp` merges them: logp = target - (max + log(sum)).
 
 Example (``TRITON_INTERPRET=1`` on a CPU)::
 
@@ -71,40 +71,48 @@ def _fold(sm, sl, tm, ts):
 
 
 @triton.jit(do_not_specialize=["M"])
-def _merge_kernel(sm_ptr, sl_ptr, tl_ptr, out_ptr, M, n_tiles, SHARDS: tl.constexpr, BLOCK: tl.constexpr,
-                  CHUNK: tl.constexpr):
-    # tiles are read CHUNK at a time (one load in flight per chunk, not per tile: decode has one
-    # program walking every tile) and folded one by one in tile order
+def _shard_kernel(sm_ptr, sl_ptr, shm_ptr, shl_ptr, M, n_tiles, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    # one program per (row block, shard): the shards' folds are independent, so they run side by
+    # side (decode has a handful of rows; one program walking all 8 x 149 tiles was latency-bound).
+    # Tiles are read CHUNK at a time and folded one by one in tile order.
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    s = tl.program_id(1)
     ok = rows < M
     js = tl.arange(0, CHUNK)
-    run_max = tl.zeros((BLOCK,), tl.float32)
-    run_sum = tl.zeros((BLOCK,), tl.float32)
-    for s in range(0, SHARDS):
-        sm = tl.full((BLOCK,), float("-inf"), tl.float32)
-        sl = tl.zeros((BLOCK,), tl.float32)
-        for c in range(0, n_tiles, CHUNK):
-            t = c + js
-            at = (s * n_tiles + t[None, :]) * M + rows[:, None]
-            live = ok[:, None] & (t[None, :] < n_tiles)
-            tms = tl.load(sm_ptr + at, mask=live, other=float("-inf"))
-            tss = tl.load(sl_ptr + at, mask=live, other=0.0)
-            for j in tl.static_range(CHUNK):
-                pick = js[None, :] == j
-                tm = tl.max(tl.where(pick, tms, float("-inf")), 1)         # column j, exactly
-                ts = tl.sum(tl.where(pick, tss, 0.0), 1)                   # x + zeros: exactly x
-                new_m, new_l = _fold(sm, sl, tm, ts)
-                inside = c + j < n_tiles
-                sm = tl.where(inside, new_m, sm)
-                sl = tl.where(inside, new_l, sl)
-        sm = tl.where(sm == float("-inf"), 0.0, sm)       # the reference's safe max of an all-padding shard
-        if s == 0:
-            run_max = sm
-            run_sum = sl
-        else:
-            new = tl.maximum(run_max, sm)
-            run_sum = run_sum * tl.exp(run_max - new) + sl * tl.exp(sm - new)
-            run_max = new
+    sm = tl.full((BLOCK,), float("-inf"), tl.float32)
+    sl = tl.zeros((BLOCK,), tl.float32)
+    for c in range(0, n_tiles, CHUNK):
+        t = c + js
+        at = (s * n_tiles + t[None, :]) * M + rows[:, None]
+        live = ok[:, None] & (t[None, :] < n_tiles)
+        tms = tl.load(sm_ptr + at, mask=live, other=float("-inf"))
+        tss = tl.load(sl_ptr + at, mask=live, other=0.0)
+        for j in tl.static_range(CHUNK):
+            pick = js[None, :] == j
+            tm = tl.max(tl.where(pick, tms, float("-inf")), 1)         # column j, exactly
+            ts = tl.sum(tl.where(pick, tss, 0.0), 1)                   # x + zeros: exactly x
+            new_m, new_l = _fold(sm, sl, tm, ts)
+            inside = c + j < n_tiles
+            sm = tl.where(inside, new_m, sm)
+            sl = tl.where(inside, new_l, sl)
+    sm = tl.where(sm == float("-inf"), 0.0, sm)           # the reference's safe max of an all-padding shard
+    tl.store(shm_ptr + s * M + rows, sm, mask=ok)
+    tl.store(shl_ptr + s * M + rows, sl, mask=ok)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _merge_kernel(shm_ptr, shl_ptr, tl_ptr, out_ptr, M, SHARDS: tl.constexpr, BLOCK: tl.constexpr):
+    # the shards' (max, sum-exp) in global shard order, as rlk_kernels.ops.strict_logp merges them
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = rows < M
+    run_max = tl.load(shm_ptr + rows, mask=ok, other=0.0)
+    run_sum = tl.load(shl_ptr + rows, mask=ok, other=0.0)
+    for s in range(1, SHARDS):
+        sm = tl.load(shm_ptr + s * M + rows, mask=ok, other=0.0)
+        sl = tl.load(shl_ptr + s * M + rows, mask=ok, other=0.0)
+        new = tl.maximum(run_max, sm)
+        run_sum = run_sum * tl.exp(run_max - new) + sl * tl.exp(sm - new)
+        run_max = new
     target = tl.load(tl_ptr + rows, mask=ok, other=0.0)
     tl.store(out_ptr + rows, target - (run_max + tl.log(run_sum)), mask=ok)
 
@@ -143,9 +151,13 @@ def merge(buffers, rows: int, canonical: int, width: int):
     sm, sl, tgt_logit = buffers
     out = torch.empty(rows, dtype=torch.float32, device=sm.device)
     if rows:
-        _merge_kernel[(-(-rows // MERGE_ROWS),)](sm, sl, tgt_logit, out, rows, -(-width // BN),
-                                                  SHARDS=canonical, BLOCK=MERGE_ROWS, CHUNK=MERGE_CHUNK, num_warps=4,
-                                                  enable_fp_fusion=False)
+        shard_max = torch.empty(canonical * rows, dtype=torch.float32, device=sm.device)
+        shard_sum = torch.empty_like(shard_max)
+        blocks = -(-rows // MERGE_ROWS)
+        _shard_kernel[(blocks, canonical)](sm, sl, shard_max, shard_sum, rows, -(-width // BN),
+                                           BLOCK=MERGE_ROWS, CHUNK=MERGE_CHUNK, num_warps=4, enable_fp_fusion=False)
+        _merge_kernel[(blocks,)](shard_max, shard_sum, tgt_logit, out, rows, SHARDS=canonical, BLOCK=MERGE_ROWS,
+                                 num_warps=4, enable_fp_fusion=False)
     return out
 
 
