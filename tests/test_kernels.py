@@ -14,7 +14,7 @@ from kit.cli import cli
 from kit.documents import schema_problems
 from rlk_kernels import ops, primitives as pr
 from rlk_kernels.collectives import VirtualGroup, all_reduce_fixed_tree, all_reduce_rank_order
-from rlk_kernels.conformance import run_check
+from rlk_kernels.conformance import conformance_fingerprint, run_check
 from rlk_kernels.layouts import TrainLayout, training_layouts, zigzag_positions
 from rlk_kernels.model import ModelConfig, init_weights, layer_weights, rope_table
 
@@ -121,7 +121,8 @@ def test_oracle_passes_reports_production_and_validates():
     assert report["passed"] and not schema_problems(report, "rlk-kit/conformance/v1")
     assert all(m["strict_invariant"] for m in report["modules"])
     assert all(m["production_mismatched_variants"] > 0 for m in report["modules"])
-    assert len(report["modules"][0]["variants"]) == 10 + 4 + 6
+    assert len(report["modules"][0]["variants"]) == 10 + 4 + 64                # decode batches 1..64
+    assert conformance_fingerprint() == report["fingerprint"]                   # references only, same hash
 
 
 def test_oracle_catches_a_non_invariant_strict_operator(monkeypatch):
@@ -152,7 +153,7 @@ def test_oracle_long_context_pass_is_checked_and_fingerprinted(monkeypatch):
     assert report["passed"] and not schema_problems(report, "rlk-kit/conformance/v1")
     for module in report["modules"]:
         names = [v["variant"] for v in module["variants"]]
-        assert len(names) == 20 + 6 and sum(n.startswith("7k: ") for n in names) == 6
+        assert len(names) == 78 + 6 and sum(n.startswith("7k: ") for n in names) == 6
     monkeypatch.undo()
     assert run_check(shape="smoke")["fingerprint"] != report["fingerprint"]      # the long pass is hashed
     spec = conformance.check_shape("qwen3-8b", "cuda")
