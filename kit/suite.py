@@ -483,6 +483,8 @@ def plan_module_suite(request: SuiteRequest, catalog=None) -> SuitePlan:
             shown = ", ".join(line[3:] for line in repo["status"][:5])
             raise BadInput(f"refusing a suite from a dirty kit checkout ({repo['root']}: {len(repo['status'])} changed "
                            f"paths, e.g. {shown}); commit them, or pass --allow-dirty for a development suite")
+    if request.sign_key is not None:     # once, before any arm (each arm's run would refuse it again)
+        E.load_private_key(request.sign_key)
     stacks = {(s.arm.stack.name, s.arm.stack.sha256) for s in specs}
     if len(stacks) != 1:
         raise BadInput(f"module matrix on {base.arm}: its arms name different stacks {sorted(stacks)}")

@@ -304,6 +304,16 @@ def test_bad_flags_exit_2_and_write_nothing(tmp_path, args, named):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_bad_signing_key_is_refused_once_before_any_arm(tmp_path):
+    key = tmp_path / "not-a-key.pem"
+    key.write_text("not a key")
+    ws = tmp_path / "ws"
+    proc = kit("suite", "module", "--suite-id", "k1", "--rollouts", "1", "--stack", "smoke", "--allow-dirty",
+               "--sign-key", str(key), env={"KIT_WORKSPACE": str(ws)})
+    assert proc.returncode == 2 and "--sign-key" in proc.stderr and "Traceback" not in proc.stderr
+    assert not ws.exists() or list(ws.iterdir()) == []
+
+
 def test_json_is_offered_by_the_group_and_the_subcommand():
     for args in (["suite", "--help"], ["suite", "module", "--help"]):
         proc = kit(*args)
