@@ -170,19 +170,11 @@ def virtual_hashes(shape: str, device: str, world: int, threads: int | None = No
     """Hashes of the oracle's single-process outputs (VirtualGroup ranks) for every variant of ``world``.
 
     Returns (hashes by (module, impl, label), reference hashes by (module, impl), conformance
-    fingerprint, seconds). The fingerprint is computed exactly as ``kit kernels check`` does, from the
-    strict TP1/CP1 reference, so the two commands print the same value for the same shape.
+    fingerprint, seconds). The fingerprint is the oracle's own (``conformance_fingerprint``), so the two
+    commands print the same value for the same shape and device kind.
     """
     import torch
-    from rlk_kernels.conformance import (
-        INPUT_SEED,
-        MODULES,
-        _bytes,
-        _Inputs,
-        _run_variant,
-        check_shape,
-    )
-    from rlk_kernels.conformance import SCHEMA as CONFORMANCE_SCHEMA
+    from rlk_kernels.conformance import MODULES, _Inputs, _run_variant, check_shape, conformance_fingerprint
 
     started = time.perf_counter()
     spec = check_shape(shape, "cuda" if device.startswith("cuda") else "cpu")
@@ -190,19 +182,17 @@ def virtual_hashes(shape: str, device: str, world: int, threads: int | None = No
     # the ranks' CPU thread count, so P (whose kernels may split work by thread) is compared like for like
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(threads or saved_threads)
-    fingerprint = hashlib.sha256(f"{CONFORMANCE_SCHEMA}|{spec.name}|{spec.config.config_sha256}|{INPUT_SEED}|".encode())
     hashes, refs = {}, {}
     with torch.no_grad(), torch.device(device):
         for module in MODULES:
             for impl in IMPLS:
                 ref = _run_variant(module, impl, inp, spec, "train", TrainLayout(1, 1))[0]
                 refs[(module, impl)] = digest(ref)
-                if impl == "R":
-                    fingerprint.update(module.encode() + b"|" + _bytes(ref))
                 for label, kind, lay in plan_variants(world):
                     hashes[(module, impl, label)] = digest(_run_variant(module, impl, inp, spec, kind, lay)[0])
     torch.set_num_threads(saved_threads)
-    return hashes, refs, fingerprint.hexdigest(), time.perf_counter() - started
+    fingerprint = conformance_fingerprint(device=device, shape=shape)
+    return hashes, refs, fingerprint, time.perf_counter() - started
 
 
 def verdict(world: int, ranks: list, virtual: dict, refs: dict) -> list[dict]:
