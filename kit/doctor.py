@@ -425,15 +425,23 @@ def _difference(item) -> str:
 
 # --- workspace inputs -----------------------------------------------------------------------------
 
-def check_prompt_data(ctx: Context) -> Check:
-    name = "inputs.prompt_data"
-    arm = ctx.arm
-    if arm is None:
-        return Check(name, SKIP, "no --arm: whether prompt data are needed depends on the arm")
-    if arm.engine == "smoke":
-        return Check(name, SKIP, f"arm {arm.name} uses the smoke engine's built-in prompts")
+def _workspace_input_guard(ctx: Context, name: str, what: str, builtin: str) -> Check | None:
+    """SKIP without an arm or on the smoke engine (built-in inputs), FAIL without a workspace."""
+    if ctx.arm is None:
+        verb = "are" if what == "prompt data" else "is"
+        return Check(name, SKIP, f"no --arm: whether {what} {verb} needed depends on the arm")
+    if ctx.arm.engine == "smoke":
+        return Check(name, SKIP, f"arm {ctx.arm.name} uses the smoke engine's built-in {builtin}")
     if ctx.workspace is None:
         return Check(name, FAIL, "no workspace: pass --workspace or set KIT_WORKSPACE")
+    return None
+
+
+def check_prompt_data(ctx: Context) -> Check:
+    name = "inputs.prompt_data"
+    skipped = _workspace_input_guard(ctx, name, "prompt data", "prompts")
+    if skipped:
+        return skipped
     from kit.inputs import HashCache, hash_file_cached
     from kit.prepare import PUBLISHED_OUTPUT_SHA256, Workspace, read_provenance
 
@@ -495,12 +503,9 @@ def select_checkpoint(ws, arm: ArmSpec, platform: str | None = None) -> tuple[Pa
 def check_checkpoint(ctx: Context) -> Check:
     name = "inputs.checkpoint"
     arm = ctx.arm
-    if arm is None:
-        return Check(name, SKIP, "no --arm: whether a checkpoint is needed depends on the arm")
-    if arm.engine == "smoke":
-        return Check(name, SKIP, f"arm {arm.name} uses the smoke engine's built-in model")
-    if ctx.workspace is None:
-        return Check(name, FAIL, "no workspace: pass --workspace or set KIT_WORKSPACE")
+    skipped = _workspace_input_guard(ctx, name, "a checkpoint", "model")
+    if skipped:
+        return skipped
     from kit.inputs import hash_tree, tree_sha256
     from kit.prepare import Workspace
 
@@ -553,12 +558,9 @@ def check_model(ctx: Context) -> Check:
     """Re-hash the Hugging Face model the workspace's provenance names (per file, cached) and compare."""
     name = "inputs.model"
     arm = ctx.arm
-    if arm is None:
-        return Check(name, SKIP, "no --arm: whether a Hugging Face model is needed depends on the arm")
-    if arm.engine == "smoke":
-        return Check(name, SKIP, f"arm {arm.name} uses the smoke engine's built-in model")
-    if ctx.workspace is None:
-        return Check(name, FAIL, "no workspace: pass --workspace or set KIT_WORKSPACE")
+    skipped = _workspace_input_guard(ctx, name, "a Hugging Face model", "model")
+    if skipped:
+        return skipped
     from kit.inputs import hash_tree, tree_sha256
     from kit.prepare import Workspace
 
