@@ -7,6 +7,7 @@ the Docker runtime, so no in-image path is written twice.
 SOURCES_DIR = "/opt/rlk/src"            # each stack source at /opt/rlk/src/<source name>
 STACK_PATH = "/opt/rlk/stack.json"      # the resolved stack document baked into the image
 BUILD_INFO_PATH = "/opt/rlk/build.json" # build args and inputs sha256, written at build time
+PROBE_AT_BUILD_PATH = "/opt/rlk/probe-at-build.json"   # the probe's document from the build's last step
 VENV = "/opt/rlk/venv"
 PYTHON = "/opt/rlk/venv/bin/python"
 RAY = "/opt/rlk/venv/bin/ray"

@@ -28,14 +28,13 @@ from pathlib import Path
 from kit.build_plan import (DOCKERFILES, PLATFORMS, BuildPlan, ContextEntry, context_tar, make_plan,
                             patch_context_path, pin_labels, requirement, source_problems)
 from kit.errors import BadInput, CheckFailed
-from kit.image_layout import ENTRYPOINT, LABEL_PREFIX, STACK_PATH
+from kit.image_layout import ENTRYPOINT, LABEL_PREFIX, PROBE_AT_BUILD_PATH, STACK_PATH
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Build requirement of the kit itself inside the image (pyproject: setuptools>=68); not a stack pin.
 WHEELHOUSE_BUILD_TOOLS = ("setuptools==80.9.0",)
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 # Written by the last step of every Dockerfile: the in-image probe's document at build time.
-PROBE_AT_BUILD_PATH = "/opt/rlk/probe-at-build.json"
 _URL_USERINFO_RE = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", re.IGNORECASE)
 ENGINE_HELP = ("start one with `nohup dockerd >/tmp/dockerd.log 2>&1 &` or scripts/ensure-docker.sh, "
                "or point DOCKER_HOST at a running engine")
