@@ -77,11 +77,18 @@ def apply_topology_overrides(arm: Arm, ov: TopologyOverrides) -> Topology:
     return topo
 
 
-def planned_capture_sizes(arm: Arm, topo: Topology) -> list[int]:
-    """The arm's capture sizes; recomputed for a new topology by the same rule the arm used."""
+def planned_capture_sizes(arm: Arm, topo: Topology, launcher: vime.LauncherRevision | None = None) -> list[int]:
+    """The arm's capture sizes; recomputed for a new topology by the same rule the arm used, or the
+    ones the launcher revision fixes (the historical one captured 1..rollout_batch_size×samples)."""
     graph = arm.document["graph"]
     if graph["mode"] == "NONE":
         return []
+    fixed = vime.launcher_capture_sizes(arm.document, launcher) if launcher is not None else None
+    if fixed is not None:
+        if graph["capture_sizes"] != fixed:
+            raise BadInput(f"arm {arm.name}: graph.capture_sizes {graph['capture_sizes']} cannot be run by the "
+                           f"{launcher.name} launcher, which captures 1..{max(fixed)} (reference §2.3)")
+        return fixed
     wl = arm.workload
     if topo == arm.topology:
         return list(graph["capture_sizes"])
@@ -98,16 +105,31 @@ def resolve_plan(arm: Arm, ov: TopologyOverrides = TopologyOverrides(), *, run_i
         raise BadInput(f"--rollouts {rollouts}: must be a positive integer")
     topo = apply_topology_overrides(arm, ov)
     doc = with_overrides(arm.document, topology=topo.to_document() if topo != arm.topology else None, rollouts=rollouts)
-    capture = planned_capture_sizes(arm, topo)
+    launcher = vime.launcher_for_stack(arm.stack) if arm.engine == "vime" else None
+    if launcher is not None:
+        problems = vime.launcher_problems(doc, launcher)
+        if problems:
+            pointer, message = problems[0]
+            flag = {"tp": ov.tp, "cp": ov.cp}
+            given = [f"{FLAG_OF[k]} {v}" for k, v in flag.items() if v is not None] if pointer.startswith("/topology") else []
+            where = ", ".join(given) if given else f"arm {arm.name} {pointer}"
+            raise BadInput(f"{where}: {message}")
+    capture = planned_capture_sizes(arm, topo, launcher)
     doc["graph"] = {"mode": doc["graph"]["mode"], "capture_sizes": capture}
     layout = derive_layout(topo, doc["workload"], arm.engine)
+    if launcher is not None and not launcher.offload_rule:
+        layout["offload_train"] = False   # reference §2.4: the historical launcher always passed --no-offload-train
+        layout["offload_rule"] = f"the {launcher.name} launcher never offloads train (reference §2.4)"
+    if launcher is not None and launcher.default_memory_utilization is not None \
+            and doc["workload"].get("vllm_gpu_memory_utilization") is None:
+        layout["vllm_gpu_memory_utilization"] = launcher.default_memory_utilization   # reference §1.5
     doc["evidence_level"] = layout["evidence_level"]
     run_id = check_run_id(run_id) if run_id else default_run_id(arm)
     run_dir = f"{workspace}/runs/{run_id}"
     if arm.engine == "vime":
-        cmd = vime.train_command(doc, layout, run_dir, capture_sizes=capture)
+        cmd = vime.train_command(doc, layout, run_dir, capture_sizes=capture, launcher=launcher)
         argv, appended = cmd.argv, cmd.entrypoint_appended
-        env = vime.runtime_env_vars(doc, layout, run_id, run_dir, capture_sizes=capture)
+        env = vime.runtime_env_vars(doc, layout, run_id, run_dir, capture_sizes=capture, launcher=launcher)
         working_dir = L.source_dir("vime")
     else:
         argv = [L.PYTHON, "-m", "rlk_kernels.smoke", "--arm-file", f"{run_dir}/arm.json"]
@@ -117,6 +139,16 @@ def resolve_plan(arm: Arm, ov: TopologyOverrides = TopologyOverrides(), *, run_i
                "RL_KERNEL_LOGP_CASE": doc["operators"]["logp"], "RL_KERNEL_RUN_ID": run_id}
         working_dir = run_dir
     platform = arm.platform
+    command = {"argv": argv, "shell": shlex.join(argv), "entrypoint_appended": appended,
+               "note": "complete command: nothing is appended behind it; entrypoint_appended lists the flags the "
+                       "seed's aligned_python_entrypoint.sh used to add"}
+    metadata = {"arm": doc["name"], "run_id": run_id, "stack_sha256": arm.stack.sha256,
+                "image_id": "<set at run time>", "manifest_sha256": "<set at run time>"}
+    if launcher is not None:
+        # plan/v1 closes only its top level: the record goes under `command`, and the revision name into the
+        # job metadata, which the run manifest keeps
+        command["launcher"] = vime.launcher_record(arm.stack, launcher)
+        metadata["launcher_revision"] = launcher.name
     return {
         "schema": "rlk-kit/plan/v1",
         "arm": doc,
@@ -126,15 +158,12 @@ def resolve_plan(arm: Arm, ov: TopologyOverrides = TopologyOverrides(), *, run_i
         "topology": layout,
         "capture_sizes": capture,
         "evidence_level": layout["evidence_level"],
-        "command": {"argv": argv, "shell": shlex.join(argv), "entrypoint_appended": appended,
-                    "note": "complete command: nothing is appended behind it; entrypoint_appended lists the flags the "
-                            "seed's aligned_python_entrypoint.sh used to add"},
+        "command": command,
         "ray_job": {
             "submission_id": vime.submission_id(run_id),
             "entrypoint": shlex.join(argv),
             "runtime_env": {"working_dir": working_dir, "env_vars": env},
-            "metadata": {"arm": doc["name"], "run_id": run_id, "stack_sha256": arm.stack.sha256,
-                         "image_id": "<set at run time>", "manifest_sha256": "<set at run time>"},
+            "metadata": metadata,
         },
         "image": {
             "platform": platform,

@@ -79,5 +79,7 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
     click.echo(f"graphs    {arm.document['graph']['mode']} capture sizes {plan['capture_sizes']}")
     click.echo(f"image     {plan['image']['repository']} ({plan['image']['platform']}) — {plan['image']['build']}")
     click.echo(f"ray job   {plan['ray_job']['submission_id']}")
+    if "launcher" in plan["command"]:
+        click.echo(f"launcher  {plan['command']['launcher']['revision']}: {plan['command']['launcher']['source']}")
     click.echo("command:")
     click.echo("  " + plan["command"]["shell"])
