@@ -110,6 +110,23 @@ def _merge(M, L, ACC, m, l, acc, active):
 
 
 @triton.jit
+def _prefill_step(q, kb, vb, dims, pos, start, top, Lk, M, L, ACC, m, l, acc, skn, skd, svn, svd,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+                  MASKED: tl.constexpr, INTERP: tl.constexpr, TMA: tl.constexpr):
+    """One key block of the prefill walk; at a split's last block the split's state is merged into
+    the running (M, L, ACC) and the next split starts fresh."""
+    m, l, acc = _block(q, kb, vb, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
+                       BLOCK_M, BLOCK_N, MASKED, INTERP, TMA)
+    split_first = start - start % SPLIT
+    if (start + BLOCK_N == split_first + SPLIT) | (start + BLOCK_N >= top):
+        M, L, ACC = _merge(M, L, ACC, m, l, acc, split_first <= pos)
+        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, D), tl.float32)
+    return M, L, ACC, m, l, acc
+
+
+@triton.jit
 def _rows(pid_r, Lq, REP: tl.constexpr, BLOCK_M: tl.constexpr):
     r = pid_r * BLOCK_M + tl.arange(0, BLOCK_M)
     return r, r < Lq * REP, r // REP, r % REP
@@ -168,26 +185,13 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
         if TMA:                              # unmasked blocks through the copy engine
             kd = tl.make_tensor_descriptor(kb, shape=[Lk, D], strides=[skn, 1], block_shape=[BLOCK_N, D])
             vd = tl.make_tensor_descriptor(vb, shape=[Lk, D], strides=[svn, 1], block_shape=[BLOCK_N, D])
-        # two loops over the blocks in order (unmasked, then masked); at a split's last block the
-        # split's state is merged into the running state and the next split starts fresh
+        # two loops over the blocks in order: unmasked, then masked
         for start in range(0, fast_end, BLOCK_N):
-            m, l, acc = _block(q, kd, vd, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
-                               BLOCK_M, BLOCK_N, False, INTERP, TMA)
-            split_first = start - start % SPLIT
-            if (start + BLOCK_N == split_first + SPLIT) | (start + BLOCK_N >= top):
-                M, L, ACC = _merge(M, L, ACC, m, l, acc, split_first <= pos)
-                m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-                l = tl.zeros((BLOCK_M,), tl.float32)
-                acc = tl.zeros((BLOCK_M, D), tl.float32)
+            M, L, ACC, m, l, acc = _prefill_step(q, kd, vd, dims, pos, start, top, Lk, M, L, ACC, m, l, acc,
+                                                 skn, skd, svn, svd, BLOCK_M, BLOCK_N, D, SPLIT, False, INTERP, TMA)
         for start in range(fast_end, top, BLOCK_N):
-            m, l, acc = _block(q, kb, vb, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
-                               BLOCK_M, BLOCK_N, True, INTERP)
-            split_first = start - start % SPLIT
-            if (start + BLOCK_N == split_first + SPLIT) | (start + BLOCK_N >= top):
-                M, L, ACC = _merge(M, L, ACC, m, l, acc, split_first <= pos)
-                m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-                l = tl.zeros((BLOCK_M,), tl.float32)
-                acc = tl.zeros((BLOCK_M, D), tl.float32)
+            M, L, ACC, m, l, acc = _prefill_step(q, kb, vb, dims, pos, start, top, Lk, M, L, ACC, m, l, acc,
+                                                 skn, skd, svn, svd, BLOCK_M, BLOCK_N, D, SPLIT, True, INTERP, False)
         out = ACC / L[:, None]
         tl.store(o_ptr + b * sob + head[:, None] * soh + qi[:, None] * son + dims[None, :] * sod,
                  out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
