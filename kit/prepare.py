@@ -488,10 +488,6 @@ def conversion_command(stack_document: dict, output_dir: str) -> list[str]:
     return ["bash", "-lc", script]
 
 
-DOCKER_HINT = ("start one (`nohup dockerd >/tmp/dockerd.log 2>&1 &` where there is no systemd) "
-               "or set DOCKER_HOST to an engine that answers")
-
-
 def check_conversion_request(arm_name: str, arm_document: dict, stack_document: dict, platform: str) -> None:
     """BadInput naming the flag when the arm is not a vime arm, the platform is not a GPU one or the
     stack lacks the converter's sources. Reads nothing."""
@@ -514,17 +510,19 @@ def find_conversion_image(arm_name: str, arm_document: dict, stack_document: dic
     check_conversion_request(arm_name, arm_document, stack_document, platform)
     stack_name = stack_document.get("name", arm_document["stack"]["name"])
 
+    import docker
+
     from kit.doctor import find_stack_image
+    from kit.images import engine
 
     try:
-        import docker
-
-        client = docker.from_env(timeout=20)
-        client.ping()
+        client = engine()
+    except BadInput as exc:  # names dockerd and DOCKER_HOST
+        raise BadInput(f"--convert-checkpoint: {exc}; the conversion runs inside the arm's image") from None
+    try:
         image = find_stack_image(stack_name, stack_sha256, platform, client)
-    except Exception as exc:  # docker-py raises several types (DockerException, requests errors) for "no engine"
-        raise BadInput(f"--convert-checkpoint: no Docker engine answers ({_first_line(exc)[:200]}); "
-                       f"the conversion runs inside the arm's image: {DOCKER_HINT}") from None
+    except docker.errors.DockerException as exc:
+        raise BadInput(f"--convert-checkpoint: the Docker engine cannot list images ({_first_line(exc)[:200]})") from None
     if image is None:
         raise BadInput(f"image not built: no rlk-kit/{stack_name}:{platform}-* image for stack {stack_name} "
                        f"(sha256 {stack_sha256}) on the Docker engine; run kit build {platform} --arm {arm_name}")
