@@ -34,7 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Build requirement of the kit itself inside the image (pyproject: setuptools>=68); not a stack pin.
 WHEELHOUSE_BUILD_TOOLS = ("setuptools==80.9.0",)
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
-# Written by the last step of every Dockerfile: the in-image probe's document at build time.
+# The user:password part of a remote URL, kept out of the source label.
 _URL_USERINFO_RE = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", re.IGNORECASE)
 ENGINE_HELP = ("start one with `nohup dockerd >/tmp/dockerd.log 2>&1 &` or scripts/ensure-docker.sh, "
                "or point DOCKER_HOST at a running engine")
@@ -194,13 +194,14 @@ def kit_checkout() -> tuple[str | None, str | None]:
     The revision is ``git rev-parse HEAD``, with ``-dirty`` when tracked or untracked (not ignored)
     files differ from it; the URL loses any user:password part.
     """
+    from kit.build_sources import _git
+
     def git(*args: str) -> str | None:
         try:
-            proc = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(REPO_ROOT), *args],
-                                  capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
+            proc = _git(REPO_ROOT, *args, check=False)
+        except OSError:   # no git at all
             return None
-        return proc.stdout.strip() if proc.returncode == 0 else None
+        return proc.stdout.decode(errors="replace").strip() if proc.returncode == 0 else None
 
     head = git("rev-parse", "--verify", "HEAD^{commit}")
     if not head:
@@ -321,11 +322,12 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
     if plan.problems:
         raise CheckFailed("; ".join(plan.problems))
     client = client or engine()
-    t0 = time.monotonic() - (plan_s or 0.0)
+    started_here = time.monotonic()
+    t0 = started_here - (plan_s or 0.0)   # the total counts planning too
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     existing = None if nocache else _image_of_inputs(client, plan)
     if existing is not None:
-        durations = {"lookup": round(time.monotonic() - t0 - (plan_s or 0.0), 3)}
+        durations = {"lookup": round(time.monotonic() - started_here, 3)}
         if plan_s is not None:
             durations["plan"] = round(plan_s, 3)
         record = _build_record(plan, client, existing.id, started=started, t0=t0, durations=durations,
@@ -333,7 +335,7 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
         return BuildResult(plan.tag, existing.id, True, 0, record["durations_s"], write_build_record(record, workspace),
                            record, reused=True)
     tar = context_tar(plan.context)
-    t_context = time.monotonic() - t0
+    t_context = time.monotonic() - started_here
     network = "none" if plan.platform == "cpu" else None   # the cpu build is hermetic
     stream = client.api.build(fileobj=io.BytesIO(tar), custom_context=True, dockerfile=plan.dockerfile,
                               tag=plan.tag, buildargs=plan.build_args, labels=plan.labels, rm=True, forcerm=True,
