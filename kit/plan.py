@@ -86,7 +86,7 @@ def planned_capture_sizes(arm: Arm, topo: Topology, launcher: vime.LauncherRevis
     fixed = vime.launcher_capture_sizes(arm.document, launcher) if launcher is not None else None
     if fixed is not None:
         if graph["capture_sizes"] != fixed:
-            raise BadInput(f"arm {arm.name}: graph.capture_sizes {graph['capture_sizes']} cannot be run by the "
+            raise BadInput(f"{arm.source_file}: /graph/capture_sizes {graph['capture_sizes']} cannot be run by the "
                            f"{launcher.name} launcher, which captures 1..{max(fixed)} (reference §2.3)")
         return fixed
     wl = arm.workload
@@ -112,7 +112,7 @@ def resolve_plan(arm: Arm, ov: TopologyOverrides = TopologyOverrides(), *, run_i
             pointer, message = problems[0]
             flag = {"tp": ov.tp, "cp": ov.cp}
             given = [f"{FLAG_OF[k]} {v}" for k, v in flag.items() if v is not None] if pointer.startswith("/topology") else []
-            where = ", ".join(given) if given else f"arm {arm.name} {pointer}"
+            where = ", ".join(given) if given else f"{arm.source_file}: {pointer}"
             raise BadInput(f"{where}: {message}")
     capture = planned_capture_sizes(arm, topo, launcher)
     doc["graph"] = {"mode": doc["graph"]["mode"], "capture_sizes": capture}
