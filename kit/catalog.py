@@ -132,9 +132,12 @@ class Catalog:
         """The named arm. ``flag`` is the option or argument the name came from, named in the error;
         by default it is found on the running command line (``--arm`` for ``kit plan --arm nope``),
         ``None`` names none."""
+        return self._arm(name, flag, files=False)
+
+    def _arm(self, name: str, flag: str | None, *, files: bool) -> Arm:
         entry = self.all_arm_documents().get(name)
         if entry is None:
-            raise self._unknown_arm(name, flag, files=False)
+            raise self._unknown_arm(name, flag, files=files)
         return self.arm_from_document(*entry)
 
     def _unknown_arm(self, name: str, flag: str | None, *, files: bool) -> BadInput:
@@ -162,6 +165,4 @@ class Catalog:
             doc = read_json_file(path)
             catalog = self if path.resolve().parent == self.directory.resolve() else Catalog.load(path.resolve().parent)
             return catalog.arm_from_document(doc, str(path))
-        if ref not in self.all_arm_documents():
-            raise self._unknown_arm(ref, flag, files=True)
-        return self.arm(ref, flag=flag)
+        return self._arm(ref, flag, files=True)
