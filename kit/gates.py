@@ -363,8 +363,16 @@ def mismatch_count(per_sample_mean, global_batch_size) -> float | int | None:
     times the global batch size (reference §4.2, as collect_results and ``kit analyze`` compute it)."""
     if not _number(per_sample_mean) or not _number(global_batch_size) or not math.isfinite(per_sample_mean):
         return None
-    count = float(per_sample_mean) * global_batch_size
-    return int(round(count)) if abs(count - round(count)) < 1e-6 else count
+    return whole_number(float(per_sample_mean) * global_batch_size)
+
+
+def whole_number(value) -> float | int | None:
+    """A count reconstructed from per-sample means is a whole number up to float error: keep it an int in
+    the documents then (the run summary here, the suite summary's figures). ``whole_number(28793.0000001) == 28793``"""
+    if value is None:
+        return None
+    value = float(value)
+    return int(round(value)) if math.isfinite(value) and abs(value - round(value)) < 1e-6 else value
 
 
 def summarize(ev: RunEvidence) -> dict:
@@ -372,21 +380,17 @@ def summarize(ev: RunEvidence) -> dict:
     mean × global batch size, summed over steps and at the last step), max |Δlogp|, mean step time."""
     steps = ev.steps if not isinstance(ev.steps, RecordConflict) else {}
     train = [s for _, s in sorted(steps.items()) if "train" in s.payloads]
-    counts = [mismatch_count(s.value(MISMATCH_KEY), step_global_batch_size(s.payloads["train"], ev.arm))
-              for s in train if _number(s.value(MISMATCH_KEY))]
-    counts = [c for c in counts if c is not None]
+    counts = [c for c in (mismatch_count(s.value(MISMATCH_KEY), step_global_batch_size(s.payloads["train"], ev.arm))
+                          for s in train) if c is not None]
     maxdiffs = [s.value(MAX_DIFF_KEY) for s in train if _number(s.value(MAX_DIFF_KEY))]
     times = [s.value(k) for s in steps.values() for k in STEP_TIME_KEYS if _number(s.value(k))]
     last = steps[max(steps)] if steps else None
     reward = next((last.value(k) for k in REWARD_KEYS if last and _number(last.value(k))), None)
-    total = sum(counts) if counts else None
-    if isinstance(total, float) and abs(total - round(total)) < 1e-6:
-        total = int(round(total))
     return {
         "steps_expected": ev.expected_steps,
         "steps_observed": len(train),
         "last_reward": _json_number(reward),
-        "mismatch_count_total": _json_number(total),
+        "mismatch_count_total": _json_number(whole_number(sum(counts))) if counts else None,
         "mismatch_count_last": _json_number(counts[-1]) if counts else None,
         "max_abs_dlogp": _json_number(max(maxdiffs)) if maxdiffs else None,
         "mean_step_time_s": _json_number(sum(times) / len(times)) if times else None,

@@ -191,6 +191,7 @@ def run_figures(run_dir: Path) -> dict | None:
     """
     from kit.analysis.convergence import round_rows, run_identity, summarize
     from kit.analysis.table import load_arm
+    from kit.gates import whole_number
 
     try:
         arm = load_arm(run_dir)
@@ -201,19 +202,12 @@ def run_figures(run_dir: Path) -> dict | None:
     mismatch = s["bitwise_mismatch_count"]
     return {
         "steps": len(rows),
-        "bitwise_mismatch_count": _integral(mismatch),
-        "active_tokens": _integral(s["active_token_exposure"]),
+        "bitwise_mismatch_count": whole_number(mismatch),
+        "active_tokens": whole_number(s["active_token_exposure"]),
         "mismatch_rate": s["bitwise_mismatch_rate"],
         "max_abs_dlogp": s["max_abs_dlogp"],
         "mean_step_time_s": s["step_time_mean"],
     }
-
-
-def _integral(value):
-    """Counts reconstructed from means are whole numbers; keep them ints in the document when they are."""
-    if value is None:
-        return None
-    return int(value) if float(value).is_integer() else float(value)
 
 
 # --- one arm's entry ---------------------------------------------------------------------------------
