@@ -80,6 +80,10 @@ def _verify_image(image: str, arm_name: str | None, stack_name: str | None):
         # The image's own claim picks the stack; the catalog's current document of that name is
         # what it is held to, so a stack edited since the build shows up as differences.
         from_label = image_stack_name(image)
+        if from_label not in catalog.stack_docs:
+            raise BadInput(f"image {image!r}: its dev.rlk-kit.stack.name label names stack {from_label!r}, which "
+                           f"{catalog.directory} does not hold (it has: {', '.join(sorted(catalog.stack_docs)) or 'none'}); "
+                           "name the stack it must hold with --arm A or --stack S")
         stack_name = from_label
     stack = catalog.arm(arm_name).stack if arm_name else catalog.stack(stack_name)
     verdict = FileVerdict(f"image {image}", kind="image")
