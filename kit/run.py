@@ -26,7 +26,9 @@ from typing import Callable, TextIO
 from kit import evidence as E
 from kit.documents import schema_id, sha256_of_document, sha256_of_file
 from kit.errors import BadInput, CheckFailed, KitError
+from kit.gates import GATE_SET_VERSION, MISMATCH_KEY, RunEvidence, evaluate, mismatch_count, step_global_batch_size
 from kit.redact import Redactor, is_secret_name, redact_env
+from kit.vime.records import parse_records
 
 INTERRUPTED_EXIT = 130
 KIT_ROOT = Path(__file__).resolve().parent.parent
@@ -245,8 +247,6 @@ class Progress:
         self.tty = bool(stream) and hasattr(stream, "isatty") and stream.isatty()
 
     def record(self, rec) -> None:
-        from kit.gates import MISMATCH_KEY, mismatch_count, step_global_batch_size
-
         if self.stream is None or rec.kind != "step":
             return
         self.done += 1
@@ -401,8 +401,6 @@ class _RunLogs:
         self.log(text)
 
     def emit(self, line: str) -> None:
-        from kit.vime.records import parse_records
-
         line = self.redactor.text(line.rstrip("\n"))
         self.engine_lines.append(line)
         self.run_log.write(line + "\n")
@@ -504,9 +502,6 @@ def _status_doc(run_id, status, job_status, submission_id, message, timing, job_
 def _finish(run_dir: Path, logs: _RunLogs, *, run_id, arm_doc, inputs, status, job_status, message, submission_id,
             timing, job_info, private_key, replace_status: bool) -> RunOutcome:
     """collect → validate → status → seal: the same for a waited run and for an attached one."""
-    from kit.gates import GATE_SET_VERSION, RunEvidence, evaluate
-    from kit.vime.records import parse_records
-
     E.write_new_text(run_dir, E.METRICS, metrics_lines(parse_records(logs.engine_lines)))
     ev = RunEvidence(arm=arm_doc, job_status=job_status or "", engine_lines=logs.engine_lines, inputs=inputs,
                      readbacks=tuple(_read_readbacks(run_dir)))
