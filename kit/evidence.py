@@ -45,8 +45,16 @@ IN_TOTO_PREDICATE = "https://rlk-kit.dev/attestation/run-seal/v1"
 HASH_WORKERS = 4
 
 
+UTC_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
 def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return _dt.datetime.now(_dt.timezone.utc).strftime(UTC_FORMAT)
+
+
+def parse_utc(text: str) -> _dt.datetime:
+    """A time written by :func:`utc_now` (``2025-01-31T12:00:00.000000Z``), timezone-aware."""
+    return _dt.datetime.strptime(text, UTC_FORMAT).replace(tzinfo=_dt.timezone.utc)
 
 
 # --- run directories --------------------------------------------------------------------------------

@@ -470,7 +470,7 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
 
     job_info = runtime.job_info() if hasattr(runtime, "job_info") else {}
     total_s = time.monotonic() - started
-    timing = {"total_s": round(total_s, 3), "workload_s": round(workload_s, 3), "kit_s": round(total_s - workload_s, 3)}
+    timing = _timing(total_s, workload_s)
     if status == "detached":
         # no metrics, no validation, no final status: the job is still running; --attach writes them
         logs.kit_event(f"status detached: {message}")
@@ -628,13 +628,16 @@ def _attached_timing(manifest: dict, job_info: dict) -> dict:
     import datetime as _dt
 
     try:
-        created = _dt.datetime.strptime(manifest["created_at"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_dt.timezone.utc)
-        total_s = (_dt.datetime.now(_dt.timezone.utc) - created).total_seconds()
-    except (KeyError, ValueError):
+        total_s = (_dt.datetime.now(_dt.timezone.utc) - E.parse_utc(manifest["created_at"])).total_seconds()
+    except (KeyError, TypeError, ValueError):
         total_s = 0.0
     start, end = job_info.get("start_time_ms"), job_info.get("end_time_ms")
     workload_s = (end - start) / 1000.0 if isinstance(start, int) and isinstance(end, int) and end >= start else 0.0
-    total_s = max(total_s, workload_s)
+    return _timing(max(total_s, workload_s), workload_s)
+
+
+def _timing(total_s: float, workload_s: float) -> dict:
+    """The status document's timing: the whole run, the job's own part, and the kit's (the rest)."""
     return {"total_s": round(total_s, 3), "workload_s": round(workload_s, 3), "kit_s": round(total_s - workload_s, 3)}
 
 
