@@ -425,11 +425,13 @@ def _difference(item) -> str:
 
 # --- workspace inputs -----------------------------------------------------------------------------
 
-def _workspace_input_guard(ctx: Context, name: str, what: str, builtin: str) -> Check | None:
-    """SKIP without an arm or on the smoke engine (built-in inputs), FAIL without a workspace."""
+def _workspace_input_guard(ctx: Context, name: str, needed: str, builtin: str) -> Check | None:
+    """SKIP without an arm or on the smoke engine (built-in inputs), FAIL without a workspace.
+
+    ``_workspace_input_guard(ctx, "inputs.checkpoint", "a checkpoint is", "model")``
+    """
     if ctx.arm is None:
-        verb = "are" if what == "prompt data" else "is"
-        return Check(name, SKIP, f"no --arm: whether {what} {verb} needed depends on the arm")
+        return Check(name, SKIP, f"no --arm: whether {needed} needed depends on the arm")
     if ctx.arm.engine == "smoke":
         return Check(name, SKIP, f"arm {ctx.arm.name} uses the smoke engine's built-in {builtin}")
     if ctx.workspace is None:
@@ -439,7 +441,7 @@ def _workspace_input_guard(ctx: Context, name: str, what: str, builtin: str) -> 
 
 def check_prompt_data(ctx: Context) -> Check:
     name = "inputs.prompt_data"
-    skipped = _workspace_input_guard(ctx, name, "prompt data", "prompts")
+    skipped = _workspace_input_guard(ctx, name, "prompt data are", "prompts")
     if skipped:
         return skipped
     from kit.inputs import HashCache, hash_file_cached
@@ -503,7 +505,7 @@ def select_checkpoint(ws, arm: ArmSpec, platform: str | None = None) -> tuple[Pa
 def check_checkpoint(ctx: Context) -> Check:
     name = "inputs.checkpoint"
     arm = ctx.arm
-    skipped = _workspace_input_guard(ctx, name, "a checkpoint", "model")
+    skipped = _workspace_input_guard(ctx, name, "a checkpoint is", "model")
     if skipped:
         return skipped
     from kit.inputs import hash_tree, tree_sha256
@@ -558,7 +560,7 @@ def check_model(ctx: Context) -> Check:
     """Re-hash the Hugging Face model the workspace's provenance names (per file, cached) and compare."""
     name = "inputs.model"
     arm = ctx.arm
-    skipped = _workspace_input_guard(ctx, name, "a Hugging Face model", "model")
+    skipped = _workspace_input_guard(ctx, name, "a Hugging Face model is", "model")
     if skipped:
         return skipped
     from kit.inputs import hash_tree, tree_sha256
