@@ -313,7 +313,6 @@ def default_run_id(arm, rollouts: int | None) -> str:
 # Flags that only one runtime reads: given to another, they would be silently ignored.
 RUNTIME_ONLY_FLAGS = (("image", "--image", "docker"), ("network", "--network", "docker"),
                       ("ray_address", "--ray-address", "ray"))
-ATTACH_TIMEOUT_S = 20.0
 
 
 def check_workspace(path: Path, source: str = "--workspace or KIT_WORKSPACE") -> None:
@@ -546,7 +545,7 @@ def attach(run_dir: Path, *, sign_key: Path | None = None, progress: TextIO | No
     import fcntl
     import io
 
-    from kit.runtimes import RayJob, wait_for_jobs_api
+    from kit.runtimes import NAMED_CLUSTER_TIMEOUT_S, RayJob, wait_for_jobs_api
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir() or not (run_dir / E.MANIFEST).is_file():
@@ -579,7 +578,7 @@ def attach(run_dir: Path, *, sign_key: Path | None = None, progress: TextIO | No
         header = raw.readline()
         if not header.startswith(f"# rlk-kit run {run_id} ".encode()):
             raise CheckFailed(f"{run_dir / E.RUN_LOG}: does not begin with this run's identity header")
-        wait_for_jobs_api(address, timeout_s=ATTACH_TIMEOUT_S, unreachable=lambda m: BadInput(
+        wait_for_jobs_api(address, timeout_s=NAMED_CLUSTER_TIMEOUT_S, unreachable=lambda m: BadInput(
             f"--attach {run_dir}: the cluster at {address} cannot be reached ({m})"))
         job = RayJob.existing(address, submission_id)
         info = job.info()

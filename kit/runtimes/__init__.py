@@ -259,6 +259,11 @@ def quiet_ray_sdk_logs() -> None:
             logger.setLevel(logging.WARNING)
 
 
+# How long a cluster the user named (--ray-address, a detached run's address) may take to answer before
+# it counts as unreachable; a head the kit starts itself gets wait_for_jobs_api's longer default.
+NAMED_CLUSTER_TIMEOUT_S = 20.0
+
+
 def wait_for_jobs_api(address: str, timeout_s: float = 90.0, *, unreachable=None) -> None:
     """Poll until the dashboard's Jobs API answers (the head takes several seconds to come up).
 

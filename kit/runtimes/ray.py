@@ -20,7 +20,8 @@ from pathlib import Path
 
 from kit import image_layout as L
 from kit.errors import BadInput, CheckFailed
-from kit.runtimes import JobSpec, RayJob, RayJobRuntime, gpu_info, host_info, wait_for_jobs_api
+from kit.runtimes import (NAMED_CLUSTER_TIMEOUT_S, JobSpec, RayJob, RayJobRuntime, gpu_info, host_info,
+                          wait_for_jobs_api)
 
 PROBE_MARKER = "RLK-NODE-PROBE "
 NODE_PROBE_SCRIPT = """
@@ -43,7 +44,6 @@ out = {"version": ray.__version__, "resources": ray.cluster_resources(),
                   "resources": n.get("Resources", {}), "identity": ident} for n, ident in zip(nodes, identities)]}
 print("RLK-NODE-PROBE " + json.dumps(out, sort_keys=True), flush=True)
 """
-REACH_TIMEOUT_S = 20.0
 # Fields that differ between healthy nodes of one cluster.
 NODE_VOLATILE = ("observed_at", "hostname")
 
@@ -106,7 +106,7 @@ class RayRuntime(RayJobRuntime):
 
     def preflight(self) -> None:
         # an address the user named that nothing answers on is bad input (exit 2), like an absent Docker engine
-        wait_for_jobs_api(self.address, timeout_s=REACH_TIMEOUT_S, unreachable=lambda m: BadInput(
+        wait_for_jobs_api(self.address, timeout_s=NAMED_CLUSTER_TIMEOUT_S, unreachable=lambda m: BadInput(
             f"--ray-address {self.address}: cannot be reached ({m}); give the dashboard URL of a running cluster"))
         self.cluster = self.probe_cluster()
         problems = node_problems(self.cluster["nodes"], self.arm.stack.document)
