@@ -569,7 +569,10 @@ def attach(run_dir: Path, *, sign_key: Path | None = None, progress: TextIO | No
                        f"{submission_id}")
     run_id = manifest["run_id"]
 
-    raw = open(run_dir / E.RUN_LOG, "r+b")
+    try:
+        raw = open(run_dir / E.RUN_LOG, "r+b")
+    except OSError as exc:
+        raise BadInput(f"--attach {run_dir}: cannot open {E.RUN_LOG} for the job's log ({exc.strerror or exc})") from None
     try:
         try:
             fcntl.flock(raw, fcntl.LOCK_EX | fcntl.LOCK_NB)
