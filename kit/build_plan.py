@@ -197,6 +197,12 @@ def created_timestamp(commit_dates: dict[str, int]) -> str | None:
     return datetime.fromtimestamp(max(commit_dates.values()), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# Labels that say which kit checkout made an image; they are not build inputs.
+SOURCE_LABEL = "org.opencontainers.image.source"
+REVISION_LABEL = "org.opencontainers.image.revision"
+PROVENANCE_LABELS = (SOURCE_LABEL, REVISION_LABEL)
+
+
 def labels(stack_doc: dict, stack_sha256: str, platform: str, *, inputs_sha256: str, kit_version: str,
            kit_source_sha256: str | None = None, created: str | None = None, source_url: str | None = None,
            revision: str | None = None, base_image_id: str | None = None) -> dict[str, str]:
@@ -219,9 +225,9 @@ def labels(stack_doc: dict, stack_sha256: str, platform: str, *, inputs_sha256: 
         f"{p}.python": stack_doc["python"],
     }
     if source_url:
-        out["org.opencontainers.image.source"] = source_url
+        out[SOURCE_LABEL] = source_url
     if revision:
-        out["org.opencontainers.image.revision"] = revision
+        out[REVISION_LABEL] = revision
     if kit_source_sha256:
         # The kit files baked into the image (kit-src/ of the context), whatever commit they are at.
         out[f"{p}.kit.source-sha256"] = kit_source_sha256

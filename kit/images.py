@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kit.build_plan import (DOCKERFILES, PLATFORMS, BuildPlan, ContextEntry, context_tar, make_plan,
-                            patch_context_path, pin_labels, requirement, source_problems)
+from kit.build_plan import (DOCKERFILES, PLATFORMS, PROVENANCE_LABELS, BuildPlan, ContextEntry, context_tar,
+                            make_plan, patch_context_path, pin_labels, requirement, source_problems)
 from kit.errors import BadInput, CheckFailed
 from kit.image_layout import ENTRYPOINT, LABEL_PREFIX, PROBE_AT_BUILD_PATH, STACK_PATH
 
@@ -379,7 +379,13 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
 
 
 def _image_of_inputs(client, plan: BuildPlan):
-    """The image ``plan.tag`` names when its labels say it was built from exactly these inputs."""
+    """The image ``plan.tag`` names when its labels say it was built from exactly these inputs by
+    this checkout.
+
+    Equal inputs alone are not enough: the provenance labels (the checkout's origin and revision)
+    are not inputs, and an image made from another checkout would carry someone else's. Every label
+    of the plan must match, and a provenance label the plan leaves out must be absent too.
+    """
     import docker
 
     try:
@@ -388,7 +394,9 @@ def _image_of_inputs(client, plan: BuildPlan):
         return None
     found = image.labels or {}
     same = (found.get(f"{LABEL_PREFIX}.inputs.sha256") == plan.inputs_sha256
-            and found.get(f"{LABEL_PREFIX}.stack.sha256") == plan.stack_sha256)
+            and found.get(f"{LABEL_PREFIX}.stack.sha256") == plan.stack_sha256
+            and all(found.get(key) == value for key, value in plan.labels.items())
+            and all(found.get(key) == plan.labels.get(key) for key in PROVENANCE_LABELS))
     return image if same else None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -106,6 +107,32 @@ def test_second_build_is_a_cache_hit_with_the_same_image_id(cpu_image, kit_works
     # Measured at about 0.2 s (plan + lookup + record); the issue's bound is 3 s.
     assert b["durations_s"]["total"] < 3.0, b["durations_s"]
     assert b["conformance_fingerprint"] == a["conformance_fingerprint"]
+
+
+def test_image_of_equal_inputs_from_another_checkout_is_not_reused(cpu_image, kit_workspace, docker_engine):
+    """Equal inputs with another checkout's provenance labels: the tag is built again, not reused.
+
+    An engine shared between checkouts can hold the tag from a build elsewhere; reusing it would
+    publish that checkout's revision and origin as this one's.
+    """
+    args = ["build", "cpu", "--arm", "smoke", "--json", "--workspace", str(kit_workspace)]
+    for name, path in sorted(cpu_image.sources.items()):
+        args += ["--source", f"{name}={path}"]
+    ours = run_kit(*args)
+    assert ours.returncode == 0, ours.stderr
+    ours = json.loads(ours.stdout)
+    foreign_revision = "0" * 40
+    dockerfile = f"FROM {ours['image_id']}\nLABEL org.opencontainers.image.revision={foreign_revision}\n"
+    docker_engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=ours["tag"], rm=True)
+    assert docker_engine.images.get(ours["tag"]).labels["org.opencontainers.image.revision"] == foreign_revision
+
+    again = run_kit(*args)
+    assert again.returncode == 0, again.stderr
+    again = json.loads(again.stdout)
+    assert again["tag"] == ours["tag"] and again["steps"] > 0, again      # sent to the engine, not reused
+    labels = docker_engine.images.get(again["tag"]).labels
+    ours_revision = docker_engine.images.get(ours["image_id"]).labels["org.opencontainers.image.revision"]
+    assert labels["org.opencontainers.image.revision"] == ours_revision != foreign_revision
 
 
 def test_source_at_another_commit_fails_naming_source_and_both_commits(cpu_image, kit_workspace, tmp_path):
