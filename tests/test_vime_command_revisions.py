@@ -22,6 +22,7 @@ from kit.cli import cli
 from kit.documents import schema_problems
 from kit.errors import BadInput
 from kit.plan import TopologyOverrides, resolve_plan
+from kit.stack import Stack
 from kit.vime import command as vime
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,16 +67,22 @@ def catalog():
     return Catalog.default()
 
 
-def test_table_names_the_pins_of_the_g10_and_g11_stacks(catalog):
+def test_the_g10_and_g11_stacks_name_the_historical_launcher(catalog):
     for stack_file in ("stack-vime-g10.json", "stack-vime-g11.json"):
-        raw = {s["name"]: s["commit"] for s in json.loads((MANIFESTS / stack_file).read_text())["sources"]}
-        key = (raw["rl-kernel"], raw["vime"])
-        assert vime.LAUNCHER_BY_PINNED_COMMITS[key] == vime.HISTORICAL, stack_file
-        assert all(len(c) == 40 for c in key)
+        assert json.loads((MANIFESTS / stack_file).read_text())["launcher"] == vime.HISTORICAL, stack_file
     assert vime.launcher_for_stack(catalog.stack("vime-g10")).name == "historical"
     assert vime.launcher_for_stack(catalog.stack("vime-g11")).name == "historical"
-    # vime-current shares G11's RL-Kernel commit but not its VIME: the current launcher
+    # vime-current extends vime-g11 (G11's RL-Kernel commit) with another VIME, and names the current launcher
     assert vime.launcher_for_stack(catalog.stack("vime-current")).name == "current"
+
+
+def test_the_launcher_is_part_of_the_stack_identity(catalog):
+    g10 = catalog.stack("vime-g10")
+    other = Stack(g10.name, {**g10.document, "launcher": vime.CURRENT})
+    assert other.sha256 != g10.sha256
+    assert vime.launcher_for_stack(other).name == "current"
+    bad = {**json.loads((MANIFESTS / "stack-vime-g10.json").read_text()), "launcher": "newest"}
+    assert any(ptr == "/launcher" for ptr, _ in schema_problems(bad, "stack"))
 
 
 @pytest.mark.parametrize("arm", ["G10", "G11"])

@@ -5,8 +5,8 @@ expanded up front, recorded as it runs, and the appended part is still listed se
 reader can match it against the seed's logs. Paths are the in-image ones (kit/image_layout.py).
 
 The command depends on the launcher revision (run_arm.py, part of RL-Kernel): the pinned code of the
-published G10/G11 runs only accepts what the historical launcher passed, so a stack's pinned commits
-select the revision (``LAUNCHER_BY_PINNED_COMMITS``), and each revision is data (``LAUNCHERS``).
+published G10/G11 runs only accepts what the historical launcher passed, so a stack names the revision
+its pins go with (its ``launcher`` field), and each revision is data (``LAUNCHERS``).
 Example::
 
     launcher = launcher_for_stack(arm.stack)            # LAUNCHERS["current"] for vime-current
@@ -105,28 +105,18 @@ LAUNCHERS = {
         )),
 }
 
-# The launcher revision a stack's pinned (RL-Kernel, VIME) commits get; anything else gets the current one.
-# The launcher is RL-Kernel's run_arm.py, but RL-Kernel alone does not tell the stacks apart: vime-current pins
-# G11's RL-Kernel commit with the companion-patched VIME the current launcher drives. The pairs are those of
-# the published runs (reference §9, "Pins actually used by the published runs").
-LAUNCHER_BY_PINNED_COMMITS = {
-    # G10: manifests/stack-vime-g10.json
-    ("d2173e8d948e8cf062ac36be32bdf53bac75daa0", "1a113710e80aa7cfc271caa9bd90bcf348a7af08"): HISTORICAL,
-    # G11: manifests/stack-vime-g11.json
-    ("5403df6e3c5244343438916248ccfcc597dd96f6", "a013293fb6dfdc5cd27152b54f64209ea2691d26"): HISTORICAL,
-}
-
-
 def launcher_for_stack(stack) -> LauncherRevision:
-    """``launcher_for_stack(catalog.stack("vime-g10")).name == "historical"``; unknown pins get the current one."""
-    def commit(name: str) -> str | None:
-        source = stack.source(name)
-        return source.get("commit") if source else None
-    return LAUNCHERS[LAUNCHER_BY_PINNED_COMMITS.get((commit("rl-kernel"), commit("vime")), CURRENT)]
+    """The launcher revision the stack names (its ``launcher`` field; the current one when absent).
+
+    ``launcher_for_stack(catalog.stack("vime-g10")).name == "historical"``. The launcher is RL-Kernel's
+    run_arm.py, but the RL-Kernel commit alone does not decide it: vime-current pins G11's RL-Kernel
+    commit with the companion-patched VIME that the current launcher drives, so the stack says which.
+    """
+    return LAUNCHERS[stack.document.get("launcher", CURRENT)]
 
 
 def launcher_record(stack, launcher: LauncherRevision) -> dict:
-    """What the plan records about the launcher revision its command follows."""
+    """What the plan records about the launcher revision its command follows, and the pins it goes with."""
     return {"revision": launcher.name, "source": launcher.source,
             "selected_by": {name: (stack.source(name) or {}).get("commit") for name in ("rl-kernel", "vime")}}
 
