@@ -163,6 +163,15 @@ def require_valid(doc: Any, source: str, expected: str | None = None) -> dict:
     return doc
 
 
+def require_valid_as(doc: Any, source: str, schema: str) -> dict:
+    """Like ``require_valid`` for a document without a ``schema`` field: ``schema`` is the id to use."""
+    problems = [(json_pointer(err.absolute_path), _short_message(err))
+                for err in sorted(_validator(schema).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]
+    if problems:
+        raise BadInput(f"{source}: " + "; ".join(f"{ptr or '/'}: {msg}" for ptr, msg in problems[:5]))
+    return doc
+
+
 # --- hashing -----------------------------------------------------------------
 
 def canonical_json(doc: Any) -> bytes:
@@ -191,20 +200,20 @@ def dumps_pretty(doc: Any) -> str:
     return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
 
 
-def write_new_document(path: Path | str, doc: dict, *, expected: str | None = None) -> Path:
+def write_new_document(path: Path | str, doc: dict, *, expected: str | None = None,
+                       schema: str | None = None) -> Path:
     """Validate, then write atomically and exclusively: an existing file is never overwritten.
 
     The bytes go to a temporary file first and are linked into place, so a reader never sees
-    half a document and a second writer fails instead of replacing evidence.
+    half a document and a second writer fails instead of replacing evidence. ``schema`` names the
+    schema id for a document of an outside format that carries no ``schema`` field (in-toto).
     """
     path = Path(path)
-    require_valid(doc, str(path), expected)
-    data = dumps_pretty(doc).encode("utf-8")
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+    if schema is None:
+        require_valid(doc, str(path), expected)
+    else:
+        require_valid_as(doc, str(path), schema)
+    tmp = _write_beside(path, doc)
     try:
         os.link(tmp, path)
     except FileExistsError:
@@ -212,3 +221,22 @@ def write_new_document(path: Path | str, doc: dict, *, expected: str | None = No
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def replace_document(path: Path | str, doc: dict, *, expected: str | None = None) -> Path:
+    """Validate, then replace ``path`` atomically. Only for the one document the kit may rewrite
+    (a detached run's status); its caller checks that the rewrite is allowed."""
+    path = Path(path)
+    require_valid(doc, str(path), expected)
+    os.replace(_write_beside(path, doc), path)
+    return path
+
+
+def _write_beside(path: Path, doc: dict) -> Path:
+    """The document's bytes, flushed to disk in a temporary file next to ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(dumps_pretty(doc).encode("utf-8"))
+        fh.flush()
+        os.fsync(fh.fileno())
+    return tmp

@@ -18,7 +18,6 @@ import base64
 import datetime as _dt
 import fcntl
 import hashlib
-import json
 import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +41,7 @@ SEAL_SCHEMA = schema_id("seal")
 MANIFEST_SCHEMA = schema_id("run-manifest")
 IN_TOTO_STATEMENT = "https://in-toto.io/Statement/v1"
 IN_TOTO_PREDICATE = "https://rlk-kit.dev/attestation/run-seal/v1"
+IN_TOTO_SCHEMA = "rlk-kit/in-toto-run-seal/v1"   # shipped schema of the statement (it has no 'schema' field)
 HASH_WORKERS = 4
 
 
@@ -137,21 +137,14 @@ def replace_status(run_dir: Path, doc: dict) -> Path:
 
     The only artifact ever rewritten, and only while the status says ``detached``: a final status is
     written once, and a sealed run dir is never written again."""
-    from kit.documents import dumps_pretty, require_valid
+    from kit.documents import replace_document
 
     _refuse_if_sealed(run_dir)
     path = Path(run_dir) / STATUS
     current = _status_of(Path(run_dir))
     if current != "detached":
         raise CheckFailed(f"{path}: status is {current}; only a detached run's status is replaced")
-    require_valid(doc, str(path))
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(dumps_pretty(doc).encode("utf-8"))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
+    return replace_document(path, doc)
 
 
 # --- hashing -------------------------------------------------------------------------------------------
@@ -414,13 +407,12 @@ def in_toto_statement(seal: dict) -> dict:
 
 
 def write_in_toto(seal: dict, out: Path) -> Path:
+    from kit.documents import write_new_document
+
     if out.exists():
         raise BadInput(f"--in-toto {out}: already exists; choose a new file")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(in_toto_statement(seal), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    return write_new_document(out, in_toto_statement(seal), schema=IN_TOTO_SCHEMA)
 
 
 # --- comparison -----------------------------------------------------------------------------------------------

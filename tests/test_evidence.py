@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from kit import evidence as E
 from kit.catalog import Catalog
 from kit.compare import compare_run_manifests
-from kit.documents import schema_problems
+from kit.documents import require_valid_as, schema_problems
 from kit.errors import BadInput, CheckFailed
 from kit.redact import REDACTED, Redactor, redact_env
 
@@ -146,6 +146,14 @@ def test_in_toto_statement(tmp_path):
     seal = json.loads((run_dir / "seal.json").read_text())
     assert st_doc["subject"] == [{"name": a["path"], "digest": {"sha256": a["sha256"]}} for a in seal["artifacts"]]
     assert st_doc["predicate"]["root_sha256"] == seal["root_sha256"]
+    # The statement validates against its shipped schema, which refuses a subject without a digest.
+    assert require_valid_as(st_doc, str(out), E.IN_TOTO_SCHEMA) == st_doc
+    st_doc["subject"][0]["digest"] = {"sha256": "not-hex"}
+    with pytest.raises(BadInput, match="/subject/0/digest/sha256"):
+        require_valid_as(st_doc, str(out), E.IN_TOTO_SCHEMA)
+    # An existing statement is never replaced.
+    with pytest.raises(BadInput, match="--in-toto"):
+        E.write_in_toto(seal, out)
 
 
 def test_run_ids_are_never_reused_anywhere_in_the_workspace(tmp_path):
