@@ -1,14 +1,16 @@
 """Where things live inside every kit image and container (CUDA, ROCm and CPU alike).
 
-One table, read by the Dockerfiles' build args, the probe, the VIME command builder and
-the Docker runtime, so no in-image path is written twice.
+One table, read by the build planner, the probe, the VIME command builder and the Docker runtime.
+The Dockerfiles spell the same paths literally (a Dockerfile cannot import Python);
+tests/test_image_layout.py holds every path they name to this table.
 """
 
 SOURCES_DIR = "/opt/rlk/src"            # each stack source at /opt/rlk/src/<source name>
 STACK_PATH = "/opt/rlk/stack.json"      # the resolved stack document baked into the image
-BUILD_INFO_PATH = "/opt/rlk/build.json" # build args and inputs sha256, written at build time
 PROBE_AT_BUILD_PATH = "/opt/rlk/probe-at-build.json"   # the probe's document from the build's last step
 VENV = "/opt/rlk/venv"
+PYTHON_INSTALL_DIR = "/opt/rlk/python"  # the interpreter uv installs for the CUDA/ROCm venv
+BIN_DIR = "/opt/rlk/bin"                # docker/bin/ of the kit: entrypoint, install-source
 PYTHON = "/opt/rlk/venv/bin/python"
 RAY = "/opt/rlk/venv/bin/ray"
 ENTRYPOINT = "/opt/rlk/bin/entrypoint"
@@ -18,6 +20,13 @@ CHECKPOINT_DIR = "/inputs/torch_dist"   # read-only: Megatron torch_dist checkpo
 DATA_DIR = "/inputs/data"               # read-only: prompt JSONL
 
 LABEL_PREFIX = "dev.rlk-kit"
+
+# How a stack is checked inside a container (a throwaway one or a run's live one): the stack goes in
+# through the environment, so the probe reports exactly its packages and sources. Exit 1 (pins
+# differ) still prints the probe document, which the caller compares again.
+PROBE_STACK_ENV = "KIT_PROBE_STACK"
+PROBE_COMMAND = ["sh", "-c", f'printf "%s" "${PROBE_STACK_ENV}" > /tmp/kit-probe-stack.json && '
+                             "exec kit probe --json --no-conformance --check-stack /tmp/kit-probe-stack.json"]
 
 
 def source_dir(name: str) -> str:

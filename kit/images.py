@@ -25,14 +25,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kit.build_plan import (DOCKERFILES, PLATFORMS, PROVENANCE_LABELS, BuildPlan, ContextEntry, context_tar,
-                            make_plan, patch_context_path, pin_labels, requirement, source_problems)
+from kit.build_plan import (DOCKERFILES, IMAGE_BUILD_TOOLS, PLATFORMS, PROVENANCE_LABELS, BuildPlan, ContextEntry,
+                            context_tar, make_plan, patch_context_path, pin_labels, requirement, source_problems)
 from kit.errors import BadInput, CheckFailed
-from kit.image_layout import ENTRYPOINT, LABEL_PREFIX, PROBE_AT_BUILD_PATH, STACK_PATH
+from kit.image_layout import (ENTRYPOINT, LABEL_PREFIX, PROBE_AT_BUILD_PATH, PROBE_COMMAND, PROBE_STACK_ENV,
+                              STACK_PATH)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# Build requirement of the kit itself inside the image (pyproject: setuptools>=68); not a stack pin.
-WHEELHOUSE_BUILD_TOOLS = ("setuptools==80.9.0",)
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 # The user:password part of a remote URL, kept out of the source label.
 _URL_USERINFO_RE = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", re.IGNORECASE)
@@ -233,7 +232,11 @@ def _kit_source_entries() -> list[ContextEntry]:
 def wheelhouse_requirements(stack_doc: dict) -> list[str]:
     from kit.stack import packages_for
 
-    return sorted([requirement(n, v) for n, v in packages_for(stack_doc, "cpu").items()] + list(WHEELHOUSE_BUILD_TOOLS))
+    packages = packages_for(stack_doc, "cpu")
+    # The kit builds inside the image without isolation, with the same setuptools as the CUDA/ROCm
+    # images (pyproject asks setuptools>=68); a stack that pins setuptools wins.
+    tools = {"setuptools": IMAGE_BUILD_TOOLS["setuptools"]}
+    return sorted(requirement(n, v) for n, v in {**tools, **packages}.items())
 
 
 def _wheelhouse_entries(stack_doc: dict, workspace: Path, dry_run: bool, out: CollectedContext) -> list[ContextEntry]:
@@ -584,14 +587,10 @@ def verify_image_by_probe(image_ref: str, stack, *, client=None, timeout_s: int 
         client.images.get(image_ref)
     except docker.errors.ImageNotFound:
         raise BadInput(f"image {image_ref!r} is not on this engine; build it with `kit build`") from None
-    # The stack goes in through the environment so the probe reports exactly its packages and sources;
-    # exit 1 (pins differ) still prints the document, which is compared here again.
-    script = 'printf "%s" "$KIT_PROBE_STACK" > /tmp/kit-probe-stack.json && ' \
-             'exec kit probe --json --no-conformance --check-stack /tmp/kit-probe-stack.json'
     # The kit's entrypoint, whatever the image's default became (a committed container may have
     # changed it): it puts the stack's venv first on PATH, which is what the probe must observe.
-    container = client.containers.run(image_ref, command=["sh", "-c", script], entrypoint=[ENTRYPOINT], detach=True,
-                                      network_mode="none", environment={"KIT_PROBE_STACK": json.dumps(stack_doc)})
+    container = client.containers.run(image_ref, command=PROBE_COMMAND, entrypoint=[ENTRYPOINT], detach=True,
+                                      network_mode="none", environment={PROBE_STACK_ENV: json.dumps(stack_doc)})
     try:
         status = container.wait(timeout=timeout_s)
         out = container.logs(stdout=True, stderr=False)

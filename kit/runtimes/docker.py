@@ -181,9 +181,7 @@ class DockerRuntime(RayJobRuntime):
         from kit.probe import identity_differences
 
         stack_doc = self.arm.stack.document
-        script = ('printf "%s" "$KIT_PROBE_STACK" > /tmp/kit-probe-stack.json && '
-                  'exec kit probe --json --no-conformance --check-stack /tmp/kit-probe-stack.json')
-        code, out, err = self._exec(["sh", "-c", script], {"KIT_PROBE_STACK": json.dumps(stack_doc)})
+        code, out, err = self._exec(L.PROBE_COMMAND, {L.PROBE_STACK_ENV: json.dumps(stack_doc)})
         if code not in (0, 1):
             raise CheckFailed(f"kit probe in the live container of {self.image_ref} exited {code}: {err.strip()[-400:]}")
         source = f"probe output of the live container of {self.image_ref}"
