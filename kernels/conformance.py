@@ -192,39 +192,25 @@ def _module_rows(module, inp, spec, refs, prefix):
     return rows
 
 
-def run_check(*, device: str = "cpu", shape: str = "smoke", variants: bool = True) -> dict:
-    """Run the oracle; returns the ``rlk-kit/conformance/v1`` document (``passed`` False when R varies).
-    ``variants`` False computes the reference outputs only: the fingerprint, without the checks."""
+def run_check(*, device: str = "cpu", shape: str = "smoke") -> dict:
+    """Run the oracle; returns the ``rlk-kit/conformance/v1`` document (``passed`` False when R varies)."""
     import torch
 
     started = time.perf_counter()
     spec = check_shape(shape, device)
-    inp = _Inputs(spec, device)
-    fingerprint = hashlib.sha256(f"{SCHEMA}|{spec.name}|{spec.config.config_sha256}|{INPUT_SEED}|".encode())
-    passes = [(spec, "", inp)]
-    if spec.long_context is not None:       # inputs drawn on the CPU, as the first pass's
-        passes.append((spec.long_context, "7k: ", _Inputs(spec.long_context, device, weights=inp.weights)))
+    fingerprint, rows_by_module = _reference_pass(spec, device, variants=True)
     modules = []
-    impls = ("R", "P") if variants else ("R",)   # the fingerprint hashes the strict reference only
-    with torch.no_grad(), torch.device(device):
-        for module in MODULES:
-            rows = []
-            for pass_spec, prefix, pass_inp in passes:
-                refs = {impl: _run_variant(module, impl, pass_inp, pass_spec, "train", TrainLayout(1, 1))[0]
-                        for impl in impls}
-                fingerprint.update(module.encode() + prefix.encode() + b"|" + _bytes(refs["R"]))
-                if variants:
-                    rows += _module_rows(module, pass_inp, pass_spec, refs, prefix)
-                del refs
-            modules.append({
-                "module": module,
-                "strict_backend": ops.strict_backend_id(module, device),
-                "production_backend": ops.BACKEND_IDS[(module, "P")],
-                "strict_invariant": all(r["strict_bytes_equal"] for r in rows),
-                "production_mismatched_variants": sum(1 for r in rows if r["production_mismatches"]),
-                "production_max_abs_diff": max((r["production_max_abs_diff"] for r in rows), default=0.0),
-                "variants": rows,
-            })
+    for module in MODULES:
+        rows = rows_by_module[module]
+        modules.append({
+            "module": module,
+            "strict_backend": ops.strict_backend_id(module, device),
+            "production_backend": ops.BACKEND_IDS[(module, "P")],
+            "strict_invariant": all(r["strict_bytes_equal"] for r in rows),
+            "production_mismatched_variants": sum(1 for r in rows if r["production_mismatches"]),
+            "production_max_abs_diff": max((r["production_max_abs_diff"] for r in rows), default=0.0),
+            "variants": rows,
+        })
     return {
         "schema": SCHEMA,
         "shape": spec.name,
@@ -237,14 +223,43 @@ def run_check(*, device: str = "cpu", shape: str = "smoke", variants: bool = Tru
         "torch": torch.__version__,
         "modules": modules,
         "passed": all(m["strict_invariant"] for m in modules),
-        "fingerprint": fingerprint.hexdigest(),
+        "fingerprint": fingerprint,
         "elapsed_s": round(time.perf_counter() - started, 3),
     }
 
 
 def conformance_fingerprint(device: str = "cpu", shape: str = "smoke") -> str:
-    """sha256 of the strict outputs on the oracle's fixed inputs (what build records and manifests carry)."""
-    return run_check(device=device, shape=shape, variants=False)["fingerprint"]
+    """sha256 of the strict outputs on the oracle's fixed inputs (what build records and manifests carry).
+
+    Computes the strict references only, none of the checks: equal to ``run_check``'s fingerprint."""
+    return _reference_pass(check_shape(shape, device), device, variants=False)[0]
+
+
+def _reference_pass(spec, device: str, *, variants: bool) -> tuple[str, dict[str, list[dict]]]:
+    """(fingerprint, rows per module): every module's training TP1/CP1 reference on the fixed inputs
+    (the short pass, then the long-context one when the shape has it), hashed into the fingerprint;
+    with ``variants`` each reference is also compared with every layout and batch variant."""
+    import torch
+
+    inp = _Inputs(spec, device)
+    fingerprint = hashlib.sha256(f"{SCHEMA}|{spec.name}|{spec.config.config_sha256}|{INPUT_SEED}|".encode())
+    passes = [(spec, "", inp)]
+    if spec.long_context is not None:       # inputs drawn on the CPU, as the first pass's
+        passes.append((spec.long_context, "7k: ", _Inputs(spec.long_context, device, weights=inp.weights)))
+    impls = ("R", "P") if variants else ("R",)   # the fingerprint hashes the strict reference only
+    rows_by_module: dict[str, list[dict]] = {}
+    with torch.no_grad(), torch.device(device):
+        for module in MODULES:
+            rows = []
+            for pass_spec, prefix, pass_inp in passes:
+                refs = {impl: _run_variant(module, impl, pass_inp, pass_spec, "train", TrainLayout(1, 1))[0]
+                        for impl in impls}
+                fingerprint.update(module.encode() + prefix.encode() + b"|" + _bytes(refs["R"]))
+                if variants:
+                    rows += _module_rows(module, pass_inp, pass_spec, refs, prefix)
+                del refs
+            rows_by_module[module] = rows
+    return fingerprint.hexdigest(), rows_by_module
 
 
 def format_table(report: dict) -> str:

@@ -17,7 +17,6 @@ stopped and writes the partial summary marked interrupted. Example::
 
 from __future__ import annotations
 
-import datetime as _dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import TextIO
 
 from kit.documents import schema_id, sha256_of_document, write_new_document
 from kit.errors import BadInput, KitError
+from kit.evidence import utc_now
 
 MODULES = ("attention", "ffn", "logp")
 # reference §1.3: the pipeline order of the module suite
@@ -354,10 +354,6 @@ def findings(table: dict, by_code: dict) -> list[str]:
 
 
 # --- the summary document ---------------------------------------------------------------------------
-
-def utc_now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat().replace("+00:00", "Z")
-
 
 def exit_code_for(arms: list[dict], interrupted: bool) -> int:
     if interrupted:
