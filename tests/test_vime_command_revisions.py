@@ -119,7 +119,10 @@ def test_historical_plan_has_the_historical_values(arm):
     assert "--no-offload-train" in argv and "--offload-train" not in argv
     assert "--use-rollout-logprobs" in argv
     # the plan records the revision: under `command` and in the job metadata the run manifest keeps
-    assert doc["command"]["launcher"]["revision"] == "historical"
+    launcher = doc["command"]["launcher"]
+    assert launcher["revision"] == "historical" and launcher["stack"] == doc["stack"]["name"]
+    assert launcher["pins"] == {s["name"]: s["commit"] for s in Catalog.default().stack(launcher["stack"]).sources
+                                if s["name"] in ("rl-kernel", "vime")}
     assert doc["ray_job"]["metadata"]["launcher_revision"] == "historical"
     assert schema_problems(doc, "plan") == []
 

@@ -116,9 +116,10 @@ def launcher_for_stack(stack) -> LauncherRevision:
 
 
 def launcher_record(stack, launcher: LauncherRevision) -> dict:
-    """What the plan records about the launcher revision its command follows, and the pins it goes with."""
-    return {"revision": launcher.name, "source": launcher.source,
-            "selected_by": {name: (stack.source(name) or {}).get("commit") for name in ("rl-kernel", "vime")}}
+    """What the plan records about the launcher revision its command follows: the stack that names it
+    and that stack's RL-Kernel and VIME commits, which the revision goes with."""
+    return {"revision": launcher.name, "source": launcher.source, "stack": stack.name,
+            "pins": {name: (stack.source(name) or {}).get("commit") for name in ("rl-kernel", "vime")}}
 
 
 def launcher_problems(arm: dict, launcher: LauncherRevision) -> list[tuple[str, str]]:
