@@ -435,6 +435,16 @@ def sweep(L, split_sizes=True):
 
 # --- throughput --------------------------------------------------------------------------------------
 
+def _module_calls(L, x, pos, kc, vc, targets) -> dict:
+    """Each measured module as ``impl ("R" or "P") -> output`` on the same inputs."""
+    return {
+        "attention": lambda i: attention(i, L, x, pos, kc, vc),
+        "ffn": lambda i: ffn(i, L, x),
+        "logp": lambda i: logp(i, L, x, targets),
+        "layer": lambda i: layer(i, L, x, pos, kc, vc),
+    }
+
+
 def throughput(L, quick=False):
     import torch
     cfg = L.cfg
@@ -448,12 +458,7 @@ def throughput(L, quick=False):
         kc = torch.empty(1, cfg.query_groups, tokens, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
         vc = torch.empty_like(kc)
         reps = 5
-        for module, fns in {
-            "attention": lambda i: attention(i, L, x, pos, kc, vc),
-            "ffn": lambda i: ffn(i, L, x),
-            "logp": lambda i: logp(i, L, x, targets),
-            "layer": lambda i: layer(i, L, x, pos, kc, vc),
-        }.items():
+        for module, fns in _module_calls(L, x, pos, kc, vc, targets).items():
             res = side_by_side(lambda: fns("R"), lambda: fns("P"), reps)
             rows.append({"phase": "prefill", "tokens": tokens, "module": module, **res})
             print(f"prefill {tokens:>5} tok   {module:<9} R {res['r_us']:>9.1f} us  P {res['p_us']:>9.1f} us  R/P {res['ratio']:.3f}", flush=True)
@@ -466,12 +471,7 @@ def throughput(L, quick=False):
             kc = torch.randn(batch, cfg.query_groups, ctx + 1, cfg.head_dim, device="cuda", generator=gen).to(torch.bfloat16)
             vc = torch.randn_like(kc)
             reps = 50
-            for module, fns in {
-                "attention": lambda i: attention(i, L, x, pos, kc, vc),
-                "ffn": lambda i: ffn(i, L, x),
-                "logp": lambda i: logp(i, L, x, targets),
-                "layer": lambda i: layer(i, L, x, pos, kc, vc),
-            }.items():
+            for module, fns in _module_calls(L, x, pos, kc, vc, targets).items():
                 res = side_by_side(lambda: fns("R"), lambda: fns("P"), reps)
                 rows.append({"phase": "decode", "batch": batch, "kv_cache": ctx, "module": module, **res})
                 print(f"decode b{batch:<3} kv{ctx:<5} {module:<9} R {res['r_us']:>9.1f} us  P {res['p_us']:>9.1f} us  R/P {res['ratio']:.3f}", flush=True)

@@ -45,13 +45,7 @@ def check(device: str, shape: str, as_json: bool):
     from rlk_kernels.conformance import format_table, run_check
 
     report = run_check(device=device, shape=shape)
-    if as_json:
-        click.echo(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        click.echo(format_table(report))
-    if not report["passed"]:
-        bad = [m["module"] for m in report["modules"] if not m["strict_invariant"]]
-        raise CheckFailed(f"strict operators are not invariant: {', '.join(bad)}")
+    _print_and_judge(report, format_table, as_json, "strict operators are not invariant")
 
 
 @command.command(name="distributed")
@@ -88,10 +82,15 @@ def distributed(backend: str, world: int, shape: str, as_json: bool):
         report = run_distributed(backend=backend, world=world, shape=shape)
     except RankFailed as exc:
         raise CheckFailed(str(exc)) from None
+    _print_and_judge(report, format_table, as_json, f"strict operators differ over {world} real ranks")
+
+
+def _print_and_judge(report: dict, format_table, as_json: bool, failure: str) -> None:
+    """Print the document (or its table); exit 1 naming the modules whose strict operator varied."""
     if as_json:
         click.echo(json.dumps(report, indent=2, sort_keys=True))
     else:
         click.echo(format_table(report))
     if not report["passed"]:
         bad = [m["module"] for m in report["modules"] if not m["strict_invariant"]]
-        raise CheckFailed(f"strict operators differ over {world} real ranks: {', '.join(bad)}")
+        raise CheckFailed(f"{failure}: {', '.join(bad)}")
