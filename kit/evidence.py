@@ -61,7 +61,11 @@ def parse_utc(text: str) -> _dt.datetime:
 
 @contextmanager
 def _registry_lock(runs: Path):
-    runs.mkdir(parents=True, exist_ok=True)
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"--workspace {runs.parent}: cannot create {runs}: {exc.strerror or exc}; "
+                       "give a writable directory") from None
     with open(runs / f"{ID_REGISTRY}.lock", "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:

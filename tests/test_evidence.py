@@ -221,3 +221,20 @@ def test_redaction_by_name_and_value():
 def test_redactor_never_leaks_a_secret(secret, noise):
     r = Redactor.from_env({"SERVICE_TOKEN": secret})
     assert secret not in r.text(noise + secret + noise + secret)
+
+
+def test_file_system_errors_reach_the_user_as_one_line_naming_the_path(tmp_path):
+    """An OSError escaping a command is one line naming the path, exit 2 for an unusable path; an
+    unwritable --workspace is named as the flag."""
+    from click.testing import CliRunner
+
+    from kit.cli import cli
+
+    run_dir = make_run(tmp_path / "ws")
+    out = tmp_path / "a-file"
+    out.write_text("not a directory\n")
+    result = CliRunner().invoke(cli, ["verify", str(run_dir), "--in-toto", str(out / "statement.json")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"kit: {out}: ") and result.stderr.count("\n") == 1, result.stderr
+    with pytest.raises(BadInput, match=f"--workspace {out}: cannot create {out}/runs"):
+        E.create_run_dir(out, "r2")

@@ -3,11 +3,14 @@
 Each command lives in ``kit/cli/<name>.py`` as a click command (or group) called ``command``.
 The table below gives its one-line purpose, so ``kit --help`` never imports a command module,
 and never torch, ray or docker. Errors derived from KitError become one line on stderr and
-their exit code (1 check failed, 2 bad input).
+their exit code (1 check failed, 2 bad input). A file-system error that escapes a command becomes
+one line naming the path: exit 2 when the path cannot be used as given (missing, not permitted,
+read-only, of the wrong kind), 1 otherwise (a full disk, an I/O error).
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 
@@ -53,6 +56,22 @@ class LazyGroup(click.Group):
         except KitError as exc:
             click.echo(f"kit: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except OSError as exc:
+            if isinstance(exc, BrokenPipeError) or exc.filename is None:
+                raise        # a closed pipe, or not about a path: not ours to reword
+            click.echo(f"kit: {os_error_message(exc)}", err=True)
+            ctx.exit(2 if exc.errno in _UNUSABLE_PATH_ERRNOS else 1)
+
+
+# A path the user (or a file they named) pointed at that cannot be used as it is.
+_UNUSABLE_PATH_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EROFS,
+                         errno.EEXIST, errno.ENAMETOOLONG}
+
+
+def os_error_message(exc: OSError) -> str:
+    """``/proc/nope: No such file or directory`` (both paths for a rename or link)."""
+    where = f"{exc.filename} -> {exc.filename2}" if exc.filename2 else str(exc.filename)
+    return f"{where}: {exc.strerror or exc}"
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
