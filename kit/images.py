@@ -589,9 +589,15 @@ def verify_image_by_probe(image_ref: str, stack, *, client=None, timeout_s: int 
         raise BadInput(f"image {image_ref!r} is not on this engine; build it with `kit build`") from None
     # The kit's entrypoint, whatever the image's default became (a committed container may have
     # changed it): it puts the stack's venv first on PATH, which is what the probe must observe.
-    container = client.containers.run(image_ref, command=PROBE_COMMAND, entrypoint=[ENTRYPOINT], detach=True,
-                                      network_mode="none", environment={PROBE_STACK_ENV: json.dumps(stack_doc)})
+    container = client.containers.create(image_ref, command=PROBE_COMMAND, entrypoint=[ENTRYPOINT],
+                                         network_mode="none", environment={PROBE_STACK_ENV: json.dumps(stack_doc)})
     try:
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            reason = exc.explanation or str(exc)
+            raise BadInput(f"image {image_ref!r} cannot run the kit probe (is it an image `kit build` made? "
+                           f"it needs {ENTRYPOINT}): {reason}") from None
         status = container.wait(timeout=timeout_s)
         out = container.logs(stdout=True, stderr=False)
         if status.get("StatusCode") not in (0, 1):

@@ -252,3 +252,11 @@ def test_no_engine_and_missing_base_are_exit_2(docker_engine, kit_workspace, tmp
     proc = run_kit("build", "cpu", "--stack", "smoke", "--workspace", str(kit_workspace),
                    env={"KIT_MANIFESTS": str(manifests)})
     assert proc.returncode == 2 and "make-base-image.sh" in proc.stderr, proc.stderr
+
+
+def test_verify_image_of_a_non_kit_image_is_bad_input_and_leaves_no_container(docker_engine):
+    before = {c.id for c in docker_engine.containers.list(all=True)}
+    proc = run_kit("verify", "--image", "rlk-kit/debian-base:bookworm", "--arm", "smoke")
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot run the kit probe" in proc.stderr and "Traceback" not in proc.stderr
+    assert {c.id for c in docker_engine.containers.list(all=True)} <= before
