@@ -446,12 +446,8 @@ def _failure_reason(log: list[str], error: str) -> str:
     return error.strip()
 
 
-def image_conformance_fingerprint(client, image_id: str):
-    """The kernel-conformance fingerprint the in-image probe recorded at build time.
-
-    A 64-hex string, or ``{"error": why}`` when the image holds none: a missing fingerprint is
-    stated, never left out.
-    """
+def build_time_probe(client, image_id: str) -> dict:
+    """The probe document the image wrote as its last build step, or ``{"error": why}``."""
     data = read_image_file(client, image_id, PROBE_AT_BUILD_PATH)
     if data is None:
         return {"error": f"the image has no {PROBE_AT_BUILD_PATH} (not built by this kit's Dockerfiles)"}
@@ -459,6 +455,20 @@ def image_conformance_fingerprint(client, image_id: str):
         probe = json.loads(data)
     except ValueError as exc:
         return {"error": f"{PROBE_AT_BUILD_PATH} is not JSON: {exc}"[:300]}
+    if not isinstance(probe, dict) or "error" in probe:
+        return {"error": f"{PROBE_AT_BUILD_PATH} is not a probe document"}
+    return probe
+
+
+def image_conformance_fingerprint(client, image_id: str):
+    """The kernel-conformance fingerprint the in-image probe recorded at build time.
+
+    A 64-hex string, or ``{"error": why}`` when the image holds none: a missing fingerprint is
+    stated, never left out.
+    """
+    probe = build_time_probe(client, image_id)
+    if "error" in probe:
+        return probe
     if "conformance_fingerprint" not in probe:
         return {"error": f"{PROBE_AT_BUILD_PATH} carries no conformance_fingerprint (probe run with --no-conformance)"}
     return probe["conformance_fingerprint"]
@@ -579,7 +589,6 @@ def verify_image_by_probe(image_ref: str, stack, *, client=None, timeout_s: int 
     import docker
 
     from kit.documents import require_valid
-    from kit.probe import identity_differences
 
     stack_doc, _, _ = stack_parts(stack)
     client = client or engine()
@@ -608,5 +617,19 @@ def verify_image_by_probe(image_ref: str, stack, *, client=None, timeout_s: int 
     from kit.documents import parse_json_bytes
 
     observed = require_valid(parse_json_bytes(out, f"probe output of {image_ref}"), f"probe output of {image_ref}", "probe")
-    differences = identity_differences(observed, stack_doc)
+    differences = probe_differences(client, image_ref, observed, stack_doc)
     return ProbeCheck(not differences, differences, observed)
+
+
+def probe_differences(client, image: str, observed: dict, stack_doc: dict) -> list[tuple[str, str | None, str | None]]:
+    """What a probe inside a container of ``image`` shows against the stack's pins, and its compiled
+    extensions against the image's build-time probe (the only record of those build outputs)."""
+    from kit.probe import extension_differences, identity_differences
+
+    differences = identity_differences(observed, stack_doc)
+    at_build = build_time_probe(client, image)
+    if "error" in at_build:
+        differences.append(("probe_at_build", PROBE_AT_BUILD_PATH, at_build["error"]))
+    else:
+        differences += extension_differences(observed, at_build)
+    return differences

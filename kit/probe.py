@@ -8,6 +8,7 @@ Ray node. Example::
     observed = observed_identity(stack_doc)               # schema rlk-kit/probe/v1
     identity_differences(observed, stack_doc)             # [] when every pin holds
     # [("sources.vime.tree", "5c87…", "91ab…")] after a file of vime was edited
+    extension_differences(observed, probe_at_build)       # compiled *.so against the build's own probe
 
 Git runs with a temporary index and object directory, so probing never writes into the sources
 (they may be read-only) and never depends on the repository's own index.
@@ -97,6 +98,26 @@ def identity_differences(observed: dict, stack: dict) -> list[tuple[str, str | N
         expected_tree = src.get("tree") or obs.get("baked_tree") or obs.get("commit_tree")
         if obs.get("worktree_tree") != expected_tree:
             out.append((f"sources.{name}.tree", expected_tree, obs.get("worktree_tree")))
+    return out
+
+
+def extension_differences(observed: dict, at_build: dict) -> list[tuple[str, str | None, str | None]]:
+    """Compiled extensions (``*.so`` under each source) that differ from the probe the image ran as its
+    last build step, as (field, at build, now).
+
+    Extensions are build outputs, usually git-ignored, so the source's tree cannot vouch for them;
+    the build-time probe can. ``[("sources.rl-kernel.extensions.build/_C.so", "<sha>", None)]`` when
+    one was removed, ``(…, None, "<sha>")`` when one was added.
+    """
+    built = {s["name"]: s.get("extensions") or {} for s in at_build.get("sources", [])}
+    out = []
+    for src in observed.get("sources", []):
+        if src["name"] not in built:
+            continue
+        then, now = built[src["name"]], src.get("extensions") or {}
+        for path in sorted(set(then) | set(now)):
+            if then.get(path) != now.get(path):
+                out.append((f"sources.{src['name']}.extensions.{path}", then.get(path), now.get(path)))
     return out
 
 

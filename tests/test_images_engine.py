@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -182,6 +183,26 @@ def test_edited_baked_source_fails_verification_naming_it(cpu_image, smoke_stack
         cli = run_kit("verify", "--image", tampered.id, "--arm", "smoke")
         assert cli.returncode == 1 and "FAIL" in cli.stdout
         assert "probe sources.rl-kernel.tree" in cli.stdout, cli.stdout
+    finally:
+        docker_engine.images.remove(tampered.id, force=True)
+
+
+def test_added_compiled_extension_fails_verification_though_git_ignores_it(cpu_image, smoke_stack, docker_engine):
+    """build/ is git-ignored in the sources, so the tree cannot see a .so there; the build-time probe can."""
+    container = docker_engine.containers.run(
+        cpu_image.tag, ["sh", "-c", "mkdir -p /opt/rlk/src/rl-kernel/build && echo elf > /opt/rlk/src/rl-kernel/build/_C.so"],
+        detach=True)
+    try:
+        assert container.wait(timeout=120)["StatusCode"] == 0
+        tampered = container.commit(repository="rlk-kit/test-extension", tag="latest")
+    finally:
+        container.remove(force=True)
+    try:
+        result = verify_image_by_probe(tampered.id, smoke_stack)
+        assert result.differences == [("sources.rl-kernel.extensions.build/_C.so", None,
+                                       hashlib.sha256(b"elf\n").hexdigest())], result.differences
+        cli = run_kit("verify", "--image", tampered.id, "--arm", "smoke")
+        assert cli.returncode == 1 and "sources.rl-kernel.extensions.build/_C.so" in cli.stdout, cli.stdout
     finally:
         docker_engine.images.remove(tampered.id, force=True)
 

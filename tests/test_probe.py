@@ -105,3 +105,17 @@ def test_a_missing_fingerprint_is_stated_not_dropped(repos, host_stack, monkeypa
     assert schema_problems(observed) == []
     assert "rlk_kernels.conformance is not importable" in observed["conformance_fingerprint"]["error"]
     assert "conformance_fingerprint" not in observed_identity(host_stack, source_roots=repos, include_conformance=False)
+
+
+def test_extension_differences_name_removed_changed_and_added_objects():
+    from kit.probe import extension_differences
+
+    at_build = {"sources": [{"name": "rl-kernel", "extensions": {"a.so": "1" * 64, "b.so": "2" * 64}}]}
+    now = {"sources": [{"name": "rl-kernel", "extensions": {"b.so": "3" * 64, "c.so": "4" * 64}},
+                       {"name": "vime", "extensions": {"x.so": "5" * 64}}]}   # not in the build record: not judged
+    assert extension_differences(now, at_build) == [
+        ("sources.rl-kernel.extensions.a.so", "1" * 64, None),
+        ("sources.rl-kernel.extensions.b.so", "2" * 64, "3" * 64),
+        ("sources.rl-kernel.extensions.c.so", None, "4" * 64),
+    ]
+    assert extension_differences(at_build, at_build) == []

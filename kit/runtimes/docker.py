@@ -178,7 +178,7 @@ class DockerRuntime(RayJobRuntime):
 
     def _probe(self) -> None:
         from kit.documents import parse_json_bytes, require_valid
-        from kit.probe import identity_differences
+        from kit.images import probe_differences
 
         stack_doc = self.arm.stack.document
         code, out, err = self._exec(L.PROBE_COMMAND, {L.PROBE_STACK_ENV: json.dumps(stack_doc)})
@@ -186,7 +186,7 @@ class DockerRuntime(RayJobRuntime):
             raise CheckFailed(f"kit probe in the live container of {self.image_ref} exited {code}: {err.strip()[-400:]}")
         source = f"probe output of the live container of {self.image_ref}"
         self.observed = require_valid(parse_json_bytes(out.encode(), source), source, "probe")
-        differences = identity_differences(self.observed, stack_doc)
+        differences = probe_differences(self.client, self.image_id, self.observed, stack_doc)
         if differences:
             shown = "; ".join(f"{f}: expected {e!r}, observed {o!r}" for f, e, o in differences[:12])
             raise CheckFailed(f"the live container of {self.image_ref} differs from stack {self.arm.stack.name}: {shown}")
