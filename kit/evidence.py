@@ -336,6 +336,13 @@ def verify_run_dir(path: Path, public_key: Path | None = None, in_toto_out: Path
     run_dir = Path(path)
     verdict = FileVerdict(str(run_dir), kind="run")
     seal_path = run_dir / SEAL
+    registered = (run_dir.parent / ID_REGISTRY).is_file()   # made by create_run_dir, even if it stopped at once
+    if not registered and not any((run_dir / name).is_file() for name in (SEAL, STATUS, MANIFEST)):
+        # Not a run dir at all (a folder of locks, say): unusable input, not a failed check.
+        verdict.status, verdict.kind = "unreadable", "unknown"
+        verdict.problems.append(("", f"not a run directory (no {SEAL}, {STATUS} or {MANIFEST}); give a run dir "
+                                     f"<workspace>/runs/<run-id> or lock files such as {run_dir}/*.json"))
+        return verdict
     if not seal_path.is_file():
         status = _status_of(run_dir)
         verdict.status = "fail"

@@ -238,3 +238,20 @@ def test_file_system_errors_reach_the_user_as_one_line_naming_the_path(tmp_path)
     assert result.stderr.startswith(f"kit: {out}: ") and result.stderr.count("\n") == 1, result.stderr
     with pytest.raises(BadInput, match=f"--workspace {out}: cannot create {out}/runs"):
         E.create_run_dir(out, "r2")
+
+
+def test_a_directory_that_is_no_run_dir_is_unusable_input_not_a_failed_seal(tmp_path):
+    from click.testing import CliRunner
+
+    from kit.cli import cli
+
+    (tmp_path / "locks").mkdir()
+    (tmp_path / "locks" / "stack.json").write_text("{}\n")
+    verdict = E.verify_run_dir(tmp_path / "locks")
+    assert verdict.status == "unreadable" and "not a run directory" in verdict.problems[0][1]
+    result = CliRunner().invoke(cli, ["verify", str(tmp_path / "locks")])
+    assert result.exit_code == 2 and "locks/*.json" in result.output, result.output
+    # a run dir whose run never sealed is still a failed check
+    run_dir = E.create_run_dir(tmp_path / "ws", "r9")
+    E.write_document(run_dir, "manifest.json", minimal_manifest("r9"))
+    assert E.verify_run_dir(run_dir).status == "fail"
