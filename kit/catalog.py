@@ -62,6 +62,8 @@ class Catalog:
     arm_docs: dict[str, tuple[dict, str]] = field(default_factory=dict)
     matrix_docs: dict[str, tuple[dict, str]] = field(default_factory=dict)
     unreadable: dict[str, str] = field(default_factory=dict)               # file -> why
+    # (schema, name) -> every file that uses the name; more than one is a lock error, never a silent pick
+    files_by_name: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
     @classmethod
     def default(cls) -> "Catalog":
@@ -89,6 +91,18 @@ class Catalog:
                 "rlk-kit/arm-matrix/v1": self.matrix_docs}.get(doc.get("schema"))
         if kind is not None:
             kind.setdefault(doc["name"], (doc, path))
+            self.files_by_name.setdefault((doc["schema"], doc["name"]), []).append(path)
+
+    def name_clash(self, doc: dict, path: str) -> str | None:
+        """Why ``doc``'s name is ambiguous in this catalog (another lock file of the same kind uses it);
+        None when it names one document."""
+        if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
+            return None
+        others = [p for p in self.files_by_name.get((doc.get("schema"), doc["name"]), [])
+                  if Path(p).resolve() != Path(path).resolve()]
+        if others:
+            return f"name {doc['name']!r} is also used by {', '.join(others)}; names must be unique in {self.directory}"
+        return None   # (a generated arm named like a written one is a matrix rule: kit/verify.py)
 
     # --- stacks ---------------------------------------------------------------
 
@@ -110,6 +124,7 @@ class Catalog:
         if entry is None:
             known = ", ".join(sorted(self.stack_docs)) or "none"
             raise BadInput(f"unknown stack {name!r}; stacks in {self.directory}: {known}")
+        self._refuse_ambiguous("rlk-kit/stack/v1", name)
         return self.resolve_stack(*entry)
 
     # --- arms -----------------------------------------------------------------
@@ -138,7 +153,14 @@ class Catalog:
         entry = self.all_arm_documents().get(name)
         if entry is None:
             raise self._unknown_arm(name, flag, files=files)
+        self._refuse_ambiguous("rlk-kit/arm/v1", name)
         return self.arm_from_document(*entry)
+
+    def _refuse_ambiguous(self, schema: str, name: str) -> None:
+        files = self.files_by_name.get((schema, name), [])
+        if len(files) > 1:
+            raise BadInput(f"{schema.split('/')[1]} {name!r} is defined by {len(files)} files ({', '.join(files)}); "
+                           "names must be unique, see kit verify")
 
     def _unknown_arm(self, name: str, flag: str | None, *, files: bool) -> BadInput:
         if flag is FROM_COMMAND_LINE:

@@ -55,6 +55,10 @@ def verify_document_file(path: Path) -> FileVerdict:
             verdict.notes += notes
         elif verdict.kind == "arm-matrix":
             problems = _matrix_rules(path, doc)
+    if not problems and verdict.kind in ("stack", "arm", "arm-matrix"):
+        clash = _catalog_for(path).name_clash(doc, str(path))
+        if clash:
+            problems = [("/name", clash)]
     verdict.problems = problems
     verdict.status = "fail" if problems else "ok"
     return verdict

@@ -197,3 +197,24 @@ def test_platform_packages_override_the_stacks_own():
     rocm = [d[0] for d in identity_differences(observed | {"torch": {"hip": "6.3"}}, stack.document)]
     cuda = [d[0] for d in identity_differences(observed | {"torch": {"cuda": "12.8"}}, stack.document)]
     assert "packages.torch" not in rocm and "packages.torch" in cuda
+
+
+def test_two_lock_files_with_one_name_fail_verify_and_are_refused_by_name(lock_dir):
+    twin = lock_dir / "smoke-copy.json"
+    twin.write_text((lock_dir / "smoke.json").read_text())
+    result = run("verify", str(lock_dir / "smoke.json"), str(twin))
+    assert result.exit_code == 1 and "/name" in result.output and "also used by" in result.output, result.output
+    from kit.catalog import Catalog
+    from kit.errors import BadInput
+
+    with pytest.raises(BadInput, match="defined by 2 files"):
+        Catalog.load(lock_dir).arm("smoke", flag="--arm")
+
+
+def test_an_arm_file_named_like_a_generated_arm_fails_the_matrix(lock_dir):
+    doc = json.loads((lock_dir / "consistency.json").read_text())
+    doc["name"] = "M000"
+    doc.pop("comparison", None)
+    (lock_dir / "M000.json").write_text(json.dumps(doc))
+    result = run("verify", str(lock_dir / "module-matrix.json"))
+    assert result.exit_code == 1 and "generated arm M000 collides with a written arm" in result.output, result.output
