@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from kit.documents import canonical_json
+from kit.errors import CheckFailed
 from kit.image_layout import LABEL_PREFIX
 
 PLATFORMS = ("cuda", "rocm", "cpu")
@@ -340,6 +341,14 @@ def context_tar(entries: list[ContextEntry] | tuple[ContextEntry, ...], read=lam
                     dirs.add(d)
                     tar.addfile(_tarinfo(d, tarfile.DIRTYPE, 0o755, 0))
             data = e.data if e.data is not None else read(e.file)
+            if e.data is None and e.digest.startswith("sha256:"):
+                # A file read from disk (a wheel, say) must still be the bytes its digest (and so the
+                # inputs sha256 and the tag) promised when the plan was made.
+                found = hashlib.sha256(data).hexdigest()
+                if found != e.digest.removeprefix("sha256:"):
+                    raise CheckFailed(f"{e.file}: sha256 {found} is not the {e.digest.removeprefix('sha256:')} "
+                                      f"recorded for {e.path}; the file changed after it was listed. Remove it "
+                                      "(its directory is downloaded again) or restore it")
             tar.addfile(_tarinfo(e.path, tarfile.REGTYPE, e.mode, len(data)), io.BytesIO(data))
     return buf.getvalue()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -269,3 +270,17 @@ def test_dockerfiles_install_nothing_unpinned(dockerfile):
         assert not re.search(rf"(?<![\w/-]){name}(?![\w=-])", code.replace("pip install", "").replace("/pip ", " ")), name
     assert re.search(r"^ARG BUILD_TOOLS$", text, re.M) and re.search(r"^ARG KIT_REQUIREMENTS$", text, re.M)
     assert "${BUILD_TOOLS} ${KIT_REQUIREMENTS}" in code
+
+
+def test_context_file_changed_after_listing_is_refused_when_the_tar_is_made(tmp_path):
+    from kit.build_plan import ContextEntry, context_tar
+    from kit.errors import CheckFailed
+
+    wheel = tmp_path / "six-1.17.0-py2.py3-none-any.whl"
+    wheel.write_bytes(b"original wheel bytes")
+    entry = ContextEntry(f"wheelhouse/{wheel.name}", 0o644,
+                         "sha256:" + hashlib.sha256(b"original wheel bytes").hexdigest(), file=str(wheel))
+    assert b"original wheel bytes" in context_tar([entry])
+    wheel.write_bytes(b"original wheel bytes, appended")
+    with pytest.raises(CheckFailed, match=f"{wheel.name}: sha256 .* is not the"):
+        context_tar([entry])
