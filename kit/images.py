@@ -54,6 +54,14 @@ def engine():
         raise BadInput(f"no Docker engine answers at {where} ({type(exc).__name__}); {ENGINE_HELP}") from None
 
 
+def _base_id_if_known(client, base_image: str) -> str | None:
+    """The local id of a tagged base when an engine answers and holds it (a dry run asks, never needs)."""
+    try:
+        return base_image_id(client or engine(), base_image)
+    except BadInput:
+        return None
+
+
 def base_image_id(client, base_image: str, *, stack_name: str = "", platform: str = "") -> str:
     """Local id of the base; BadInput saying how to make or load it when it is missing.
 
@@ -292,7 +300,13 @@ def plan_build(stack, platform: str, *, workspace: Path, overrides: dict[str, Pa
         local_id = base_image_id(client or engine(), entry["base_image"], stack_name=name, platform=platform)
         if entry.get("unresolved"):
             base_id = local_id   # a tag: its local id enters the inputs and a label
+    elif entry.get("unresolved"):
+        base_id = _base_id_if_known(client, entry["base_image"])
     collected = collect_context(stack_doc, platform, workspace=workspace, overrides=overrides, dry_run=dry_run)
+    if dry_run and entry.get("unresolved") and base_id is None:
+        collected.notes.append(f"the base {entry['base_image']} is a tag and no engine here holds it: its local id, "
+                               "which a build adds to the inputs, is unknown, so this tag and inputs sha256 are "
+                               "provisional")
     source_url, revision = kit_checkout()
     return make_plan(stack_doc, stack_sha, platform, collected.entries, kit_version=__version__,
                      commit_dates=collected.commit_dates, base_image_id=base_id, source_url=source_url,

@@ -281,3 +281,14 @@ def test_verify_image_of_a_non_kit_image_is_bad_input_and_leaves_no_container(do
     assert proc.returncode == 2, proc.stderr
     assert "cannot run the kit probe" in proc.stderr and "Traceback" not in proc.stderr
     assert {c.id for c in docker_engine.containers.list(all=True)} <= before
+
+
+def test_dry_run_names_the_tag_a_build_makes(cpu_image, kit_workspace):
+    """The tagged base's local id enters the inputs; a dry run that can ask the engine uses it too."""
+    args = ["build", "cpu", "--arm", "smoke", "--json", "--workspace", str(kit_workspace)]
+    for name, path in sorted(cpu_image.sources.items()):
+        args += ["--source", f"{name}={path}"]
+    dry, real = run_kit(*args, "--dry-run"), run_kit(*args)
+    assert dry.returncode == 0 and real.returncode == 0, dry.stderr + real.stderr
+    assert json.loads(dry.stdout)["tag"] == json.loads(real.stdout)["tag"]
+    assert "provisional" not in dry.stdout
