@@ -92,7 +92,9 @@ class BuildPlan:
     problems: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
+        """The rlk-kit/build-plan/v1 document (``kit build --dry-run --json``)."""
         return {
+            "schema": "rlk-kit/build-plan/v1",
             "platform": self.platform,
             "stack": {"name": self.stack_name, "sha256": self.stack_sha256},
             "dockerfile": self.dockerfile,

@@ -14,6 +14,7 @@ from hypothesis import given, strategies as st
 
 from kit import smoke_sources
 from kit.build_plan import ContextEntry, build_args, context_tar, inputs_sha256, labels, pin_labels
+from kit.documents import schema_problems
 from kit.build_sources import parse_source_overrides
 from kit.catalog import Catalog
 from kit.documents import sha256_of_file
@@ -45,7 +46,9 @@ def test_smoke_patch_hash_and_tree_reproduce(tmp_path):
 def _dry_run(platform: str, arm: str, tmp_path: Path) -> dict:
     proc = run_kit("build", platform, "--arm", arm, "--dry-run", "--json", "--workspace", str(tmp_path / "ws"))
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    doc = json.loads(proc.stdout)
+    assert schema_problems(doc, "rlk-kit/build-plan/v1") == []
+    return doc
 
 
 def test_g10_and_g11_dry_runs_show_historical_pins(tmp_path):

@@ -40,7 +40,7 @@ def command(platform, arm, stack_name, sources, no_cache, dry_run, as_json, work
     """
     from kit.build_sources import parse_source_overrides
     from kit.catalog import Catalog
-    from kit.documents import dumps_pretty
+    from kit.documents import dumps_pretty, require_valid
     from kit.images import build_image, plan_build
 
     if bool(arm) == bool(stack_name):
@@ -55,7 +55,7 @@ def command(platform, arm, stack_name, sources, no_cache, dry_run, as_json, work
     plan = plan_build(stack, platform, workspace=workspace, overrides=overrides, dry_run=dry_run)
     if dry_run:
         if as_json:
-            click.echo(dumps_pretty({"schema_note": "build plan (not a stored document)", **plan.to_json()}), nl=False)
+            click.echo(dumps_pretty(require_valid(plan.to_json(), "build plan", "build-plan")), nl=False)
         else:
             _print_plan(plan)
         if plan.problems:
