@@ -320,6 +320,11 @@ def make_plan(stack_doc: dict, stack_sha256: str, platform: str, context: list[C
     if platform == "rocm" and "transformer-engine" in packages_for(stack_doc, platform):
         all_notes.append("rocm: Transformer Engine has no ROCm wheel on PyPI; Dockerfile.rocm builds the pinned "
                          "version with NVTE_USE_ROCM=1, which needs ROCm TE sources of that version")
+    vllm = packages_for(stack_doc, platform).get("vllm")
+    if platform == "rocm" and vllm and "rocm" not in vllm:
+        all_notes.append(f"rocm: vllm {vllm} from PyPI is a CUDA build; an image of this plan has no ROCm vLLM, so "
+                         "its rollout engines cannot start on AMD GPUs. Pin a ROCm build of vLLM for this "
+                         "platform (platforms.rocm.packages) from an index that carries one")
     return BuildPlan(platform=platform, stack_name=stack_doc["name"], stack_sha256=stack_sha256,
                      dockerfile=dockerfile, build_args=args, labels=lab, context=ctx, inputs_sha256=inputs,
                      tag=image_tag(stack_doc["name"], platform, inputs), base_image=entry["base_image"],

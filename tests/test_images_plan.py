@@ -84,6 +84,7 @@ def test_rocm_dry_runs_mark_the_unresolved_base(tmp_path):
         assert plan["labels"]["dev.rlk-kit.base.unresolved"] == "true"
         assert plan["build_args"]["PYTORCH_ROCM_ARCH"] == "gfx942"
         assert any("unresolved" in n for n in plan["notes"])
+        assert any("vllm 0.16.0 from PyPI is a CUDA build" in n for n in plan["notes"])
     assert (g10["build_args"]["TRANSFORMER_ENGINE_VERSION"], g11["build_args"]["TRANSFORMER_ENGINE_VERSION"]) == ("2.18.0", "2.11.0")
 
 
