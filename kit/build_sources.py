@@ -56,14 +56,22 @@ def parse_source_overrides(values: tuple[str, ...] | list[str]) -> dict[str, Pat
     return out
 
 
-def is_bare(repo: Path) -> bool:
-    return _git(repo, "rev-parse", "--is-bare-repository").stdout.decode().strip() == "true"
+def is_bare_repository(repo: Path) -> bool:
+    """True for a bare repository; False for a checkout or anything git does not recognise."""
+    proc = _git(repo, "rev-parse", "--is-bare-repository", check=False)
+    return proc.returncode == 0 and proc.stdout.decode().strip() == "true"
 
 
 def check_at_pin(name: str, repo: Path, pin: str) -> None:
-    """The repository's HEAD must be the pin and its worktree clean (CheckFailed / BadInput otherwise)."""
+    """A checkout's HEAD must be the pin and its worktree clean; a bare repository (a mirror, which has
+    no worktree to be at a commit) must hold the pin. CheckFailed / BadInput otherwise."""
     if not repo.exists():
         raise BadInput(f"--source {name}={repo}: no such directory")
+    if is_bare_repository(repo):
+        if _git(repo, "cat-file", "-e", f"{pin}^{{commit}}", check=False).returncode != 0:
+            raise CheckFailed(f"source {name}: the bare repository {repo} does not hold the pinned commit {pin}; "
+                              f"fetch it there (git -C {repo} fetch ORIGIN {pin})")
+        return
     proc = _git(repo, "rev-parse", "--verify", "HEAD^{commit}", check=False)
     if proc.returncode != 0:
         raise BadInput(f"--source {name}={repo}: not a git repository with a commit "
@@ -71,12 +79,11 @@ def check_at_pin(name: str, repo: Path, pin: str) -> None:
     head = proc.stdout.decode().strip()
     if head != pin:
         raise CheckFailed(f"source {name}: {repo} is at commit {head}, the stack pins {pin}")
-    if not is_bare(repo):
-        dirty = _git(repo, "status", "--porcelain", "--untracked-files=normal").stdout.decode().strip()
-        if dirty:
-            first = dirty.splitlines()[0]
-            raise BadInput(f"source {name}: {repo} has uncommitted changes ({first!r}, "
-                           f"{len(dirty.splitlines())} path(s)); commit or stash them, a build bakes commits only")
+    dirty = _git(repo, "status", "--porcelain", "--untracked-files=normal").stdout.decode().strip()
+    if dirty:
+        first = dirty.splitlines()[0]
+        raise BadInput(f"source {name}: {repo} has uncommitted changes ({first!r}, "
+                       f"{len(dirty.splitlines())} path(s)); commit or stash them, a build bakes commits only")
 
 
 def locate_source(src: dict, overrides: dict[str, Path], workspace: Path, *, fetch: bool = True) -> Path | None:

@@ -288,3 +288,21 @@ def test_context_file_changed_after_listing_is_refused_when_the_tar_is_made(tmp_
     wheel.write_bytes(b"original wheel bytes, appended")
     with pytest.raises(CheckFailed, match=f"{wheel.name}: sha256 .* is not the"):
         context_tar([entry])
+
+
+def test_a_bare_mirror_is_accepted_as_a_source_when_it_holds_the_pin(tmp_path):
+    """A mirror has no worktree to be 'at' a commit: holding the pinned commit is what counts."""
+    from kit.build_sources import check_at_pin
+    from kit.errors import CheckFailed
+
+    repo = tmp_path / "vime"
+    smoke_sources.materialize("vime", repo)
+    pin = smoke_sources.FIXTURE_COMMITS["vime"]
+    mirror = tmp_path / "vime.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(mirror)], check=True)
+    moved = smoke_sources.extra_commit(repo)
+    subprocess.run(["git", "-C", str(mirror), "fetch", "-q", str(repo), f"{moved}:refs/heads/main"], check=True)
+    assert subprocess.run(["git", "-C", str(mirror), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() == moved
+    check_at_pin("vime", mirror, pin)                      # HEAD elsewhere, the pin is there: accepted
+    with pytest.raises(CheckFailed, match="does not hold the pinned commit"):
+        check_at_pin("vime", mirror, "0" * 40)
