@@ -217,3 +217,20 @@ def test_unreachable_ray_address_is_bad_input(ws):
     assert proc.returncode == 2, proc.stderr
     assert f"--ray-address {address}" in proc.stderr and "cannot be reached" in proc.stderr
     assert "Traceback" not in proc.stderr and not (ws / "runs" / "nowhere-1").exists()
+
+
+def test_interrupt_during_preflight_says_nothing_started_and_leaves_nothing(cpu_image, docker_engine, ws):
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--arm", "smoke", "--runtime", "docker", "--image",
+                             cpu_image.tag, "--run-id", "int-pre-1", "--allow-dirty"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, KIT_WORKSPACE=str(ws)))
+    # The preflight line comes before the container starts; the signal lands while it is being set up.
+    assert proc.stderr.readline().strip().endswith("preflight (docker)")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out + err
+    assert "interrupted during preflight; nothing was started" in err and "Traceback" not in err, err
+    assert not (ws / "runs" / "int-pre-1").exists()
+    assert not docker_engine.containers.list(all=True, filters={"label": f"{L.LABEL_PREFIX}.run-id=int-pre-1"})

@@ -118,6 +118,10 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
 
 
 def _report(outcome, as_json: bool) -> None:
+    if outcome.run_dir is None:
+        # Stopped before a run dir existed (a signal during preflight): there is no status to show.
+        click.echo(f"kit: run {outcome.run_id}: {outcome.message or outcome.status}", err=True)
+        raise click.exceptions.Exit(outcome.exit_code)
     status_doc = _status_document(outcome)
     if as_json:
         emit_json(status_doc)
