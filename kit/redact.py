@@ -3,12 +3,16 @@
 An environment variable is secret when its name contains TOKEN, KEY, SECRET, PASSWORD, PASSWD,
 CREDENTIAL or AUTH (any case). Its value is replaced in the recorded environment, and every
 occurrence of the value is also scrubbed from text the kit writes (log lines, commands), so a
-workload that echoes its environment cannot leak it into sealed evidence. Example::
+workload that echoes its environment cannot leak it into sealed evidence. A password written into a
+URL (``HTTPS_PROXY=http://user:pass@proxy:3128``) is secret whatever the variable's name: it is
+replaced in the URL and scrubbed the same way. Example::
 
     >>> redact_env({"HF_TOKEN": "hf_abcdef123", "PATH": "/bin"})
     {'HF_TOKEN': '<redacted>', 'PATH': '/bin'}
     >>> Redactor.from_env({"HF_TOKEN": "hf_abcdef123"}).text("login hf_abcdef123 ok")
     'login <redacted:HF_TOKEN> ok'
+    >>> redact_env({"HTTPS_PROXY": "http://me:s3cret@proxy:3128"})
+    {'HTTPS_PROXY': 'http://me:<redacted>@proxy:3128'}
 """
 
 from __future__ import annotations
@@ -24,13 +28,24 @@ REDACTED = "<redacted>"
 MIN_SCRUB_LENGTH = 6
 
 
+# scheme://user:password@ : the password part (group 2) of a URL's user information
+URL_PASSWORD_RE = re.compile(r"([a-z][a-z0-9+.-]*://[^/:@\s]*:)([^/@\s]+)(@)", re.IGNORECASE)
+
+
 def is_secret_name(name: str) -> bool:
     return bool(SECRET_NAME_RE.search(name))
 
 
+def url_passwords(value: str) -> list[str]:
+    """``url_passwords("http://me:s3cret@proxy:3128") == ["s3cret"]``."""
+    return [m.group(2) for m in URL_PASSWORD_RE.finditer(value)]
+
+
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``env`` whose secret-named values are replaced by ``<redacted>``."""
-    return {k: (REDACTED if is_secret_name(k) else v) for k, v in sorted(env.items())}
+    """A copy of ``env`` whose secret-named values are replaced by ``<redacted>`` and whose URLs lose
+    their passwords."""
+    return {k: (REDACTED if is_secret_name(k) else URL_PASSWORD_RE.sub(rf"\1{REDACTED}\3", v)
+                if isinstance(v, str) else v) for k, v in sorted(env.items())}
 
 
 @dataclass(frozen=True)
@@ -44,8 +59,13 @@ class Redactor:
         found: dict[str, str] = {}
         for env in envs:
             for name, value in env.items():
-                if is_secret_name(name) and isinstance(value, str) and len(value) >= MIN_SCRUB_LENGTH:
+                if not isinstance(value, str):
+                    continue
+                if is_secret_name(name) and len(value) >= MIN_SCRUB_LENGTH:
                     found.setdefault(value, name)
+                for password in url_passwords(value):
+                    if len(password) >= MIN_SCRUB_LENGTH:
+                        found.setdefault(password, name)
         # longest first, so a secret containing another is replaced whole
         pairs = sorted(((name, value) for value, name in found.items()), key=lambda p: -len(p[1]))
         return cls(tuple(pairs))

@@ -215,6 +215,16 @@ def test_redaction_by_name_and_value():
     assert r.document({"x": ["Bearer xyzxyz"]}) == {"x": ["<redacted:AUTH_HEADER>"]}
 
 
+def test_a_password_inside_a_url_is_redacted_whatever_the_variable_is_called():
+    env = {"HTTPS_PROXY": "http://u:zzsecret666@proxy:1", "PIP_INDEX_URL": "https://pypi.org/simple",
+           "MIRRORS": "https://a:pw-one-1@m1/x https://b:pw-two-2@m2/y"}
+    red = redact_env(env)
+    assert red["HTTPS_PROXY"] == "http://u:<redacted>@proxy:1" and red["PIP_INDEX_URL"] == "https://pypi.org/simple"
+    assert "pw-one-1" not in red["MIRRORS"] and "pw-two-2" not in red["MIRRORS"]
+    text = Redactor.from_env(env).text("connecting via http://u:zzsecret666@proxy:1, then pw-two-2")
+    assert "zzsecret666" not in text and "pw-two-2" not in text and "<redacted:HTTPS_PROXY>" in text
+
+
 @settings(max_examples=50, deadline=None)
 @given(secret=st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=6, max_size=40),
        noise=st.text(max_size=40))
