@@ -160,7 +160,8 @@ def input_mounts(files: dict[str, Path]) -> dict[str, str]:
 
 
 def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job: dict, env_host: dict,
-                   inputs: dict, repository: dict, allow_dirty: bool, runtime_kind: str) -> dict:
+                   inputs: dict, repository: dict, allow_dirty: bool, runtime_kind: str,
+                   submits_ray_job: bool) -> dict:
     from kit import __version__
 
     redacted = sorted({k for k in (*env_job, *env_host) if is_secret_name(k)})
@@ -187,7 +188,7 @@ def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job
         "commands": {"train": list(argv), "shell": shlex.join(argv),
                      "entrypoint_appended": plan["command"]["entrypoint_appended"],
                      "ray_start": (described.get("ray_cluster") or {}).get("start_command")},
-        "ray_job": ray_job if runtime_kind != "local" else None,
+        "ray_job": ray_job if submits_ray_job else None,   # in-process local runs have no job
         "environment": {"job": redact_env(env_job), "host": redact_env(env_host), "redacted_names": redacted},
         "inputs": inputs,
         "repository": {"allow_dirty": allow_dirty, "state": repository},
@@ -413,6 +414,13 @@ class _RunLogs:
             self.run_log.close()
 
 
+def submits_ray_job(runtime) -> bool:
+    """Docker, ray and the local runtime with --ray-head run the job through the Ray Jobs API."""
+    from kit.runtimes import RayJobRuntime
+
+    return isinstance(runtime, RayJobRuntime)
+
+
 def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals, started, progress, log,
                 files: dict[str, Path], private_key) -> RunOutcome:
     run_id = plan["run_id"]
@@ -429,7 +437,7 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
         inputs = file_inputs(files, Workspace(request.workspace.resolve()).hash_cache)
     manifest = build_manifest(plan=plan, arm=request.arm, described=described, argv=argv, env_job=env_job,
                               env_host=env_host, inputs=inputs, repository=repo, allow_dirty=request.allow_dirty,
-                              runtime_kind=request.runtime)
+                              runtime_kind=request.runtime, submits_ray_job=submits_ray_job(runtime))
     E.write_document(run_dir, E.MANIFEST, redactor.document(manifest))
     manifest_sha = sha256_of_file(run_dir / E.MANIFEST)
     image_id = (described.get("image") or {}).get("id")

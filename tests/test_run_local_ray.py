@@ -27,6 +27,7 @@ def test_smoke_as_a_ray_job_on_a_local_head(tmp_path):
     assert len(manifest["ray_cluster"]["nodes"]) == 1
     assert manifest["commands"]["train"][-1] == "--ray"              # rollout and trainer as Ray actors
     assert manifest["commands"]["ray_start"] == start
+    assert manifest["ray_job"]["submission_id"] == "rlk-local-ray-1"   # the job went through the Jobs API
     log = (run_dir / "run.log").read_text()
     assert "step 2:" in log and "Uploading package" not in log
     assert run_kit("verify", str(run_dir)).returncode == 0
