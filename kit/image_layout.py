@@ -23,10 +23,11 @@ LABEL_PREFIX = "dev.rlk-kit"
 
 # How a stack is checked inside a container (a throwaway one or a run's live one): the stack goes in
 # through the environment, so the probe reports exactly its packages and sources. Exit 1 (pins
-# differ) still prints the probe document, which the caller compares again.
+# differ) still prints the probe document, which the caller compares again. The conformance
+# fingerprint is computed there too (about a second on the smoke shape), so run manifests carry it.
 PROBE_STACK_ENV = "KIT_PROBE_STACK"
 PROBE_COMMAND = ["sh", "-c", f'printf "%s" "${PROBE_STACK_ENV}" > /tmp/kit-probe-stack.json && '
-                             "exec kit probe --json --no-conformance --check-stack /tmp/kit-probe-stack.json"]
+                             "exec kit probe --json --check-stack /tmp/kit-probe-stack.json"]
 
 
 def source_dir(name: str) -> str:

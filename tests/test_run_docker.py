@@ -33,6 +33,8 @@ def test_docker_runtime_seals(cpu_image, ws):
     run_dir = ws / "runs" / "dock-1"
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["image"]["id"] == cpu_image.image_id
+    # the live container's probe computes the kernel-conformance fingerprint (the smoke shape's)
+    assert manifest["observed_identity"]["conformance_fingerprint"] == cpu_image.record["conformance_fingerprint"]
     assert manifest["ray_cluster"]["start_command"][1:3] == ["start", "--head"]
     assert manifest["ray_job"]["submission_id"] == "rlk-dock-1"
     status = json.loads((run_dir / "status.json").read_text())
