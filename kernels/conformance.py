@@ -192,13 +192,14 @@ def _module_rows(module, inp, spec, refs, prefix):
     return rows
 
 
-def run_check(*, device: str = "cpu", shape: str = "smoke") -> dict:
-    """Run the oracle; returns the ``rlk-kit/conformance/v1`` document (``passed`` False when R varies)."""
+def run_check(*, device: str = "cpu", shape: str = "smoke", progress=None) -> dict:
+    """Run the oracle; returns the ``rlk-kit/conformance/v1`` document (``passed`` False when R varies).
+    ``progress(text)``, when given, hears each module pass as it starts (a qwen3-8b check takes minutes)."""
     import torch
 
     started = time.perf_counter()
     spec = check_shape(shape, device)
-    fingerprint, rows_by_module = _reference_pass(spec, device, variants=True)
+    fingerprint, rows_by_module = _reference_pass(spec, device, variants=True, progress=progress)
     modules = []
     for module in MODULES:
         rows = rows_by_module[module]
@@ -235,7 +236,7 @@ def conformance_fingerprint(device: str = "cpu", shape: str = "smoke") -> str:
     return _reference_pass(check_shape(shape, device), device, variants=False)[0]
 
 
-def _reference_pass(spec, device: str, *, variants: bool) -> tuple[str, dict[str, list[dict]]]:
+def _reference_pass(spec, device: str, *, variants: bool, progress=None) -> tuple[str, dict[str, list[dict]]]:
     """(fingerprint, rows per module): every module's training TP1/CP1 reference on the fixed inputs
     (the short pass, then the long-context one when the shape has it), hashed into the fingerprint;
     with ``variants`` each reference is also compared with every layout and batch variant."""
@@ -248,10 +249,16 @@ def _reference_pass(spec, device: str, *, variants: bool) -> tuple[str, dict[str
         passes.append((spec.long_context, "7k: ", _Inputs(spec.long_context, device, weights=inp.weights)))
     impls = ("R", "P") if variants else ("R",)   # the fingerprint hashes the strict reference only
     rows_by_module: dict[str, list[dict]] = {}
+    started, done, total = time.perf_counter(), 0, len(MODULES) * len(passes)
     with torch.no_grad(), torch.device(device):
         for module in MODULES:
             rows = []
             for pass_spec, prefix, pass_inp in passes:
+                done += 1
+                if progress is not None:
+                    progress(f"[{done}/{total}] {module}, {prefix.rstrip(': ') or 'short'} pass: "
+                             f"{len(_variants(pass_spec)) if variants else 0} variants "
+                             f"({time.perf_counter() - started:.0f} s so far)")
                 refs = {impl: _run_variant(module, impl, pass_inp, pass_spec, "train", TrainLayout(1, 1))[0]
                         for impl in impls}
                 fingerprint.update(module.encode() + prefix.encode() + b"|" + _bytes(refs["R"]))

@@ -164,10 +164,13 @@ def test_cli_check_json_and_table():
     runner = CliRunner()
     result = runner.invoke(cli, ["kernels", "check", "--json"])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     assert doc["schema"] == "rlk-kit/conformance/v1" and len(doc["fingerprint"]) == 64
+    assert result.stderr == ""                                    # --json: no progress lines
     table = runner.invoke(cli, ["kernels", "check"])
-    assert table.exit_code == 0 and doc["fingerprint"] in table.output and "PASS" in table.output
+    assert table.exit_code == 0 and doc["fingerprint"] in table.stdout and "PASS" in table.stdout
+    # progress: one stderr line per module pass, in order
+    assert [line.split("]")[0] for line in table.stderr.splitlines()] == ["kernels: [1/3", "kernels: [2/3", "kernels: [3/3"]
     bad = runner.invoke(cli, ["kernels", "check", "--shape", "qwen3-9b"])
     assert bad.exit_code == 2
 

@@ -44,7 +44,9 @@ def check(device: str, shape: str, as_json: bool):
                        f"{torch.__version__}; accepted here: --device cpu")
     from rlk_kernels.conformance import format_table, run_check
 
-    report = run_check(device=device, shape=shape)
+    # progress on stderr, one line per module pass; --json keeps stderr quiet like every other command
+    report = run_check(device=device, shape=shape,
+                       progress=None if as_json else (lambda text: click.echo(f"kernels: {text}", err=True)))
     _print_and_judge(report, format_table, as_json, "strict operators are not invariant")
 
 
