@@ -69,6 +69,9 @@ def check_shape(shape: str, device: str = "cpu") -> CheckShape:
                           reductions={"seq_len": "256 tokens per sequence (192 prefilled, 64 decoded), and a long "
                                                  "pass of 2 sequences of 7232 tokens (7168 prefilled, 64 decoded; "
                                                  "training TP2/CP4 and TP8/CP1, rollout TP1 and TP8)",
+                                      "batch_sizes": "decode batches 1, 2, 3, 8, 17 and 64 (both ends, the "
+                                                     "small ones, and odd sizes that fill tiles unevenly) "
+                                                     "instead of every size 1..64",
                                       "layers": "one layer's attention and FFN weights, and the full LM head"})
     raise ValueError(f"unknown shape {shape!r}; accepted: smoke, qwen3-8b")
 
