@@ -8,13 +8,20 @@ renamed to ``dest``, so ``dest`` existing means "complete and verified". Example
     got.sha256, got.checksum_source      # '...', 'server' (Hugging Face sends the LFS sha256)
 
 Where does the expected checksum come from? The caller's ``expected_sha256`` when given; otherwise
-a 64-hex ``X-Linked-ETag``/``ETag`` header, which is how the Hugging Face hub publishes the sha256
-of LFS files. Without either, the download is still size-checked against Content-Length, and the
-result says ``checksum_source: None``.
+a 64-hex ``X-Linked-ETag`` header of the final response or of any redirect on the way, or the final
+response's ``ETag``. The Hugging Face hub states the sha256 of LFS files as ``X-Linked-ETag`` on the
+302 that sends the client to its CDN, whose own headers do not carry it, so every redirect's headers
+are kept. Without either, the download is still size-checked against Content-Length, and the result
+says ``checksum_source: None``.
+
+Beside ``dest`` the check that was made is recorded (``<dest>.download.json``,
+``rlk-kit/download-record/v1``), so a later reuse of the file can say what it was verified against
+(:func:`read_record`) instead of assuming it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -26,6 +33,7 @@ from pathlib import Path
 from typing import TextIO
 
 from kit import __version__
+from kit.documents import read_json_file, require_valid, schema_id
 from kit.errors import BadInput
 from kit.inputs import sha256_stream
 
@@ -49,15 +57,41 @@ def partial_path(dest: Path) -> Path:
     return dest.with_name(dest.name + ".partial")
 
 
-def server_sha256(headers) -> str | None:
-    """The sha256 a server states for the whole file, if it states one (Hugging Face LFS ETags)."""
-    for name in ("X-Linked-ETag", "ETag"):
-        value = headers.get(name)
-        if value:
-            m = SHA256_RE.match(value.strip())
-            if m:
-                return m.group(1)
-    return None
+def record_path(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".download.json")
+
+
+def _sha256_header(headers, name: str) -> str | None:
+    value = headers.get(name) if headers is not None else None
+    m = SHA256_RE.match(value.strip()) if value else None
+    return m.group(1) if m else None
+
+
+def server_sha256(headers, redirects: tuple = ()) -> str | None:
+    """The sha256 a server states for the whole file, if it states one (Hugging Face LFS ETags).
+
+    ``redirects`` are the headers of the redirect responses on the way, first hop first. ``X-Linked-ETag``
+    names the linked file's content wherever it appears (the hub sends it on the 302, the CDN does
+    not), the hop nearest the file winning; a plain ``ETag`` counts only on the final response, as a
+    redirect's own ETag describes the redirect.
+    """
+    for hop in (headers, *reversed(redirects)):
+        found = _sha256_header(hop, "X-Linked-ETag")
+        if found:
+            return found
+    return _sha256_header(headers, "ETag")
+
+
+class _RedirectHeaders(urllib.request.HTTPRedirectHandler):
+    """Follows redirects as urllib does, keeping each redirect response's headers."""
+
+    def __init__(self):
+        super().__init__()
+        self.hops: list = []
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        self.hops.append(headers)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 def download(
@@ -78,9 +112,9 @@ def download(
     partial = partial_path(dest)
     offset = partial.stat().st_size if partial.is_file() else 0
 
-    response = _open(url, offset, timeout)
+    response, redirects = _open(url, offset, timeout)
     if response is None:  # 416: the partial already holds every byte the server has
-        stated, total = None, offset
+        stated, total = server_sha256(None, redirects), offset
     else:
         with response:
             status = getattr(response, "status", 200)
@@ -93,7 +127,7 @@ def download(
                                    f"{response.headers.get('Content-Range')!r}, expected bytes {offset}-...")
             length = response.headers.get("Content-Length")
             total = offset + int(length) if length and length.isdigit() else None
-            stated = server_sha256(response.headers)
+            stated = server_sha256(response.headers, redirects)
             _copy(response, partial, offset, total, url, progress)
 
     size = partial.stat().st_size
@@ -107,21 +141,56 @@ def download(
         partial.unlink(missing_ok=True)
         raise BadInput(f"{url}: checksum mismatch: sha256 {digest}, expected {expected} "
                        f"({'given' if source == 'caller' else 'stated by the server'}); the download was removed")
+    got = Download(url, dest, digest, size, offset, expected, source)
+    # the record first: a file at dest without one only loses what it was checked against, never lies
+    _write_record(got)
     os.replace(partial, dest)
-    return Download(url, dest, digest, size, offset, expected, source)
+    return got
+
+
+RECORD_SCHEMA = schema_id("download-record")
+
+
+def _write_record(got: Download) -> None:
+    import datetime as _dt
+
+    doc = {"schema": RECORD_SCHEMA, "url": got.url, "file": got.path.name, "sha256": got.sha256, "size": got.size,
+           "checksum_source": got.checksum_source, "expected_sha256": got.expected_sha256,
+           "completed_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "kit_version": __version__}
+    where = record_path(got.path)
+    require_valid(doc, str(where), RECORD_SCHEMA)
+    tmp = where.with_name(f".{where.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, where)   # replaces the record of an earlier, abandoned download of the same file
+
+
+def read_record(dest: Path | str) -> dict | None:
+    """The record :func:`download` wrote beside ``dest``; None when there is none or it does not read
+    (a file put there by hand, or by a kit that kept no record: how it was checked is unknown)."""
+    from kit.errors import KitError
+
+    try:
+        return require_valid(read_json_file(record_path(Path(dest))), str(record_path(Path(dest))), RECORD_SCHEMA)
+    except KitError:
+        return None
 
 
 def _open(url: str, offset: int, timeout: float):
+    """``(response, headers of each redirect on the way)``; the response is None for a 416 that says
+    the partial file is already complete."""
     headers = {"User-Agent": f"rlk-kit/{__version__}"}
     if offset:
         headers["Range"] = f"bytes={offset}-"
+    redirects = _RedirectHeaders()
+    opener = urllib.request.build_opener(redirects)
     try:
-        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+        return opener.open(urllib.request.Request(url, headers=headers), timeout=timeout), tuple(redirects.hops)
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and offset:
             m = re.match(r"^bytes \*/(\d+)$", exc.headers.get("Content-Range", "") or "")
             if m and int(m.group(1)) == offset:
-                return None
+                return None, tuple(redirects.hops)
         raise BadInput(f"{url}: HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, HTTPException, OSError) as exc:
         reason = getattr(exc, "reason", exc)

@@ -251,6 +251,25 @@ class Prepared:
     reused: bool
 
 
+RESULT_SCHEMA = schema_id("prepare-result")
+
+
+def result_document(workspace: Path, done: Iterable[Prepared]) -> dict:
+    """What ``kit prepare --json`` prints (``rlk-kit/prepare-result/v1``): one entry per product, its
+    provenance document checked against the provenance schema first.
+
+    ``result_document(ws, [prepare_dataset(ws)])["dataset"]["matches_published_output"]``
+    """
+    out: dict = {"schema": RESULT_SCHEMA, "workspace": str(Path(workspace).resolve())}
+    for p in done:
+        entry = {"path": str(p.path), "provenance": str(p.provenance_path), "reused": p.reused,
+                 "document": require_valid(p.document, str(p.provenance_path), PROVENANCE_SCHEMA)}
+        if p.kind == "dataset":
+            entry["matches_published_output"] = matches_published_output(p.document)
+        out[p.kind] = entry
+    return require_valid(out, "kit prepare result", RESULT_SCHEMA)
+
+
 def prepare_dataset(
     workspace: Path,
     *,
@@ -358,8 +377,8 @@ def _fetch_source(ws: Workspace, source: str, progress, cache) -> tuple[str, Pat
         from kit.download import download
 
         dest = ws.download_path(source)
-        if dest.is_file():  # only ever renamed into place after a complete, verified transfer
-            return source, dest, "verified-download"
+        if dest.is_file():  # only ever renamed into place after a complete, checked transfer
+            return source, dest, _reused_download_check(source, dest, cache)
         try:
             got = download(source, dest, progress=progress)
         except BadInput as exc:
@@ -369,6 +388,22 @@ def _fetch_source(ws: Workspace, source: str, progress, cache) -> tuple[str, Pat
     if not path.exists():
         raise BadInput(f"--dataset-source {path}: no such file (expected the DAPO-Math-17k parquet)")
     return str(path.resolve()), path, None
+
+
+def _reused_download_check(url: str, dest: Path, cache: HashCache) -> str | None:
+    """What an earlier download in downloads/ was checked against when it arrived, as its record says:
+    ``caller``, ``server`` or None (size only, or no record: unknown). Its bytes must still hash as
+    recorded; a file changed since is refused rather than trusted."""
+    from kit.download import read_record, record_path
+
+    record = read_record(dest)
+    if record is None or record["url"] != url or record["file"] != dest.name:
+        return None
+    actual = hash_file_cached(dest, cache)
+    if actual != record["sha256"]:
+        raise CheckFailed(f"--dataset-source {url}: {dest} has sha256 {actual}, but {record_path(dest).name} "
+                          f"recorded {record['sha256']} when it was downloaded; remove both files to download again")
+    return record["checksum_source"]
 
 
 def local_source_path(source: str) -> Path:
@@ -419,12 +454,14 @@ def check_model_dir(model_dir: Path) -> list[str]:
     return weights
 
 
-def prepare_model(workspace: Path, model_dir: Path) -> Prepared:
-    """Hash a Hugging Face checkpoint file by file and record it; needs at least one weight file."""
+def prepare_model(workspace: Path, model_dir: Path, progress: TextIO | None = None) -> Prepared:
+    """Hash a Hugging Face checkpoint file by file and record it; needs at least one weight file.
+
+    ``progress`` (stderr) gets files and bytes hashed while the files are read (see ``hash_tree``)."""
     ws = Workspace(Path(workspace))
     model_dir = Path(model_dir)
     weights = check_model_dir(model_dir)
-    files = hash_tree(model_dir, ws.hash_cache)
+    files = hash_tree(model_dir, ws.hash_cache, progress=progress)
     digest = tree_sha256(files)
     where = ws.model_provenance(digest)
     if where.exists():

@@ -129,10 +129,15 @@ def test_published_source_with_its_hash_passes(tmp_path, parquet):
 
 def test_cli_prepare_json(tmp_path, parquet):
     ws = tmp_path / "ws"
+    model = make_model(tmp_path / "Qwen3-tiny")
     result = CliRunner().invoke(cli, ["prepare", "--workspace", str(ws), "--dataset-source", str(parquet),
-                                      "--accept-new-hash", "--json"])
+                                      "--accept-new-hash", "--model", str(model), "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
+    assert doc["schema"] == "rlk-kit/prepare-result/v1" and schema_problems(doc, "prepare-result") == []
+    assert doc["workspace"] == str(ws.resolve()) and set(doc) == {"schema", "workspace", "dataset", "model"}
+    assert doc["model"]["document"]["kind"] == "model" and doc["model"]["reused"] is False
+    assert f"hashing {model}:" not in result.output          # --json: no progress, on either stream
     assert doc["dataset"]["document"]["rows_written"] == 3
     assert doc["dataset"]["matches_published_output"] is False
     assert doc["dataset"]["document"]["accepted_new_hash"] is True
@@ -238,6 +243,61 @@ def test_model_hashes_and_cache(tmp_path):
     assert hash_tree(model, cache_file)["config.json"] != doc["files"]["config.json"]
 
 
+def test_default_workspace_is_where_kit_run_reads(tmp_path, parquet, monkeypatch):
+    from kit.cli.run import default_workspace
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["prepare", "--dataset-source", str(parquet), "--accept-new-hash"],
+                                env={"KIT_WORKSPACE": None})
+    assert result.exit_code == 0, result.output
+    assert Workspace(tmp_path / default_workspace()).data.read_bytes() == EXPECTED_JSONL.encode()
+    (tmp_path / "afile").write_text("x")
+    result = CliRunner().invoke(cli, ["prepare", "--no-dataset", "--model", str(tmp_path)],
+                                env={"KIT_WORKSPACE": str(tmp_path / "afile")})
+    assert result.exit_code == 2 and "KIT_WORKSPACE" in result.stderr and "is a file" in result.stderr
+
+
+def test_prepare_result_schema_refuses_what_it_does_not_describe():
+    from kit.documents import schema_problems as problems
+
+    entry = {"path": "/ws/x", "provenance": "/ws/p.json", "reused": False,
+             "document": {"schema": "rlk-kit/provenance/v1", "kind": "model"}}
+    good = {"schema": "rlk-kit/prepare-result/v1", "workspace": "/ws", "model": entry}
+    assert problems(good, "prepare-result") == []
+    assert problems({k: v for k, v in good.items() if k != "schema"}, "prepare-result")
+    assert problems({**good, "model": {**entry, "document": {**entry["document"], "kind": "dataset"}}}, "prepare-result")
+    assert problems({**good, "dataset": {**entry, "document": {**entry["document"], "kind": "dataset"}}},
+                    "prepare-result")            # a dataset entry says whether it is the published conversion
+    assert problems({**good, "extra": 1}, "prepare-result")
+
+
+def test_model_hashing_shows_progress_on_stderr(tmp_path):
+    ws = tmp_path / "ws"
+    model = make_model(tmp_path / "Qwen3-tiny")
+    (model / "model-00003-of-00003.safetensors").write_bytes(os.urandom(3 << 20))
+    result = CliRunner().invoke(cli, ["prepare", "--workspace", str(ws), "--no-dataset", "--model", str(model)])
+    assert result.exit_code == 0, result.output
+    size = sum(f.stat().st_size for f in model.iterdir())
+    assert f"hashing {model}: 5/5 files, {size / 2**20:.1f} MiB/{size / 2**20:.1f} MiB (100%)" in result.stderr
+    assert f"hashing {model}:" not in result.stdout
+
+    # throttled: with a zero interval every block is reported, each line counting up to the total
+    import io
+
+    from kit.inputs import HashProgress, hash_file_cached, list_tree
+
+    names = list_tree(model)
+    stream = io.StringIO()
+    bar = HashProgress(stream, model, names, interval_s=0.0)
+    for rel in names:
+        hash_file_cached(model / rel, None, on_bytes=bar.advance)
+        bar.file_done(model / rel)
+    bar.finish()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) >= 4 and lines[-1].startswith(f"hashing {model}: 5/5 files")
+    assert any(" 4/5 files" in line or " 3/5 files" in line for line in lines[:-1])
+
+
 def test_model_without_weights(tmp_path):
     ws = tmp_path / "ws"
     model = make_model(tmp_path / "empty-model", weights=False)
@@ -271,7 +331,8 @@ def test_convert_refused_without_engine(tmp_path, parquet):
                                       "--arm", "G10"],
                                 env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
     assert result.exit_code == 2, result.output
-    assert result.stderr.startswith("kit: --convert-checkpoint: no Docker engine answers")
+    # the model is hashed first (its tree names the checkpoint), so its progress line may come before the error
+    assert result.stderr.splitlines()[-1].startswith("kit: --convert-checkpoint: no Docker engine answers")
     assert "dockerd" in result.stderr and "DOCKER_HOST" in result.stderr and "Traceback" not in result.output
     # only the documented cache may exist: the model was hashed to look for an earlier conversion
     assert sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*")) in ([], ["cache", "cache/hashes.json"])
@@ -295,5 +356,5 @@ def test_convert_flags(tmp_path):
     code, out = run_kit("prepare", "--workspace", str(tmp_path / "ws"), "--no-dataset", "--model", str(model),
                         "--convert-checkpoint", "--arm", "smoke")
     assert code == 2 and "needs a vime arm" in out
-    code, out = run_kit("prepare", "--no-dataset", env={"KIT_WORKSPACE": ""})
-    assert code == 2 and "--workspace" in out
+    code, out = run_kit("prepare", "--workspace", str(tmp_path / "ws"), "--no-dataset")
+    assert code == 2 and "--no-dataset: nothing left to prepare" in out and not (tmp_path / "ws").exists()

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from kit.cli import cli
+from kit.documents import schema_problems
 from kit.download import download, partial_path
 from kit.errors import BadInput
 from kit.prepare import Workspace, prepare_dataset
@@ -28,6 +29,10 @@ class Server:
         self.stated_sha256: str | None = hashlib.sha256(payload).hexdigest()
         self.honour_range = True
         self.ranges: list[str | None] = []
+        # as the Hugging Face hub: /resolve/... answers 302 with the sha256 as X-Linked-ETag, and the CDN
+        # it points to (/cdn/...) serves the bytes with an ETag that is no sha256
+        self.redirect_sha256: str | None = hashlib.sha256(payload).hexdigest()
+        self.redirects = 0
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -38,6 +43,16 @@ class Server:
                 if not self.path.endswith(".parquet"):
                     self.send_error(404)
                     return
+                if self.path.startswith("/resolve/"):
+                    outer.redirects += 1
+                    self.send_response(302)
+                    self.send_header("Location", "/cdn/" + self.path.rsplit("/", 1)[1])
+                    if outer.redirect_sha256:
+                        self.send_header("X-Linked-ETag", f'"{outer.redirect_sha256}"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                cdn = self.path.startswith("/cdn/")
                 rng = self.headers.get("Range")
                 outer.ranges.append(rng)
                 body, status, extra = outer.payload, 200, {}
@@ -53,7 +68,9 @@ class Server:
                     extra["Content-Range"] = f"bytes {start}-{len(outer.payload) - 1}/{len(outer.payload)}"
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
-                if outer.stated_sha256:
+                if cdn:
+                    self.send_header("ETag", '"9b2cf535f27731c974343645a3985328-3"')   # a multipart S3 ETag
+                elif outer.stated_sha256:
                     self.send_header("X-Linked-ETag", f'"{outer.stated_sha256}"')
                 for k, v in extra.items():
                     self.send_header(k, v)
@@ -72,6 +89,10 @@ class Server:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/data/train-00000-of-00001.parquet"
+
+    @property
+    def redirecting_url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/resolve/main/train-00000-of-00001.parquet"
 
 
 @pytest.fixture
@@ -187,3 +208,82 @@ def test_unreachable_source_names_the_flag(tmp_path, server):
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(f"kit: --dataset-source {url}: cannot download") and "Traceback" not in result.output
     assert not Workspace(tmp_path / "ws").data.exists()
+
+
+# --- the checksum on a redirect, and what a reused download was checked against ---------------------
+
+def test_checksum_stated_on_the_redirect_is_verified(tmp_path, server):
+    from kit.download import read_record, record_path
+
+    got = download(server.redirecting_url, tmp_path / "f.parquet")
+    assert server.redirects == 1 and got.path.read_bytes() == server.payload
+    assert got.checksum_source == "server" and got.expected_sha256 == hashlib.sha256(server.payload).hexdigest()
+    record = read_record(got.path)
+    assert schema_problems(json.loads(record_path(got.path).read_text()), "download-record") == []
+    assert (record["checksum_source"], record["sha256"], record["size"]) == ("server", got.sha256, len(server.payload))
+
+    # a wrong sha256 on the redirect is caught, and the bytes removed
+    server.redirect_sha256 = "0" * 64
+    with pytest.raises(BadInput, match="checksum mismatch.*stated by the server"):
+        download(server.redirecting_url, tmp_path / "g.parquet")
+    assert not (tmp_path / "g.parquet").exists() and not partial_path(tmp_path / "g.parquet").exists()
+
+    # no sha256 on the redirect and none from the CDN (its ETag is no sha256): size-checked only, and said so
+    server.redirect_sha256 = None
+    got = download(server.redirecting_url, tmp_path / "h.parquet")
+    assert got.checksum_source is None and read_record(got.path)["checksum_source"] is None
+
+
+def test_resume_through_the_redirect_keeps_range_and_checksum(tmp_path, server):
+    dest = tmp_path / "f.parquet"
+    server.truncate_next = 500_000
+    with pytest.raises(BadInput, match="run the command again to resume"):
+        download(server.redirecting_url, dest)
+    got = download(server.redirecting_url, dest)
+    assert server.ranges[-1] == "bytes=500000-" and got.resumed_from == 500_000
+    assert got.checksum_source == "server" and dest.read_bytes() == server.payload
+
+
+def _prepare_json(ws, url):
+    result = CliRunner().invoke(cli, ["prepare", "--workspace", str(ws), "--dataset-source", url,
+                                      "--accept-new-hash", "--json"])
+    return result, (json.loads(result.stdout)["dataset"]["document"] if result.exit_code == 0 else None)
+
+
+def _forget_dataset(ws):
+    Workspace(ws).data.unlink()
+    Workspace(ws).data_provenance.unlink()
+
+
+def test_a_reused_download_records_the_check_it_had(tmp_path, parquet_server):
+    from kit.download import record_path
+
+    ws = tmp_path / "ws"
+    parquet_server.stated_sha256 = None          # this server states no checksum: size-checked only
+    _, doc = _prepare_json(ws, parquet_server.url)
+    assert doc["source_checksum"] is None
+    _forget_dataset(ws)
+    n = len(parquet_server.ranges)
+    _, doc = _prepare_json(ws, parquet_server.url)
+    assert len(parquet_server.ranges) == n       # the download was reused, not fetched again
+    assert doc["source_checksum"] is None        # ... and not claimed as verified
+
+    # from the redirecting URL the hub's sha256 was checked; the reuse says so
+    ws2 = tmp_path / "ws2"
+    _, doc = _prepare_json(ws2, parquet_server.redirecting_url)
+    assert doc["source_checksum"] == "server"
+    _forget_dataset(ws2)
+    _, doc = _prepare_json(ws2, parquet_server.redirecting_url)
+    assert doc["source_checksum"] == "server" and parquet_server.redirects == 1
+
+    # a download changed since its record is refused; one without a record is reused as unchecked
+    download_file = Workspace(ws2).download_path(parquet_server.redirecting_url)
+    _forget_dataset(ws2)
+    download_file.write_bytes(download_file.read_bytes() + b"\0")
+    result, _ = _prepare_json(ws2, parquet_server.redirecting_url)
+    assert result.exit_code == 1 and "recorded" in result.stderr and str(download_file) in result.stderr
+    assert not Workspace(ws2).data.exists()
+    download_file.write_bytes(parquet_server.payload)
+    record_path(download_file).unlink()
+    _, doc = _prepare_json(ws2, parquet_server.redirecting_url)
+    assert doc["source_checksum"] is None

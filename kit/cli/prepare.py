@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import click
 
+from kit.cli._output import emit_json
 from kit.errors import BadInput
 
 
 @click.command(name="prepare")
-@click.option("--workspace", type=click.Path(file_okay=False, path_type=Path), envvar="KIT_WORKSPACE",
-              help="Workspace directory (default: env KIT_WORKSPACE).")
+@click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
+              help="Workspace directory (default $KIT_WORKSPACE, else ./.workspace, where kit run reads the inputs).")
 @click.option("--dataset-source", metavar="PATH|URL", default=None,
               help="DAPO-Math-17k parquet: a local path or an http(s) URL (default: the published URL).")
 @click.option("--no-dataset", is_flag=True, help="Skip the prompt data (only hash/convert the model).")
@@ -28,7 +28,9 @@ from kit.errors import BadInput
 @click.option("--arm", "arm_name", metavar="A", help="Arm whose image runs the conversion.")
 @click.option("--platform", type=click.Choice(["cuda", "rocm"]), default="cuda", show_default=True,
               help="Image platform for --convert-checkpoint.")
-@click.option("--json", "as_json", is_flag=True, help="Print the provenance documents as JSON; no progress bar.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one rlk-kit/prepare-result/v1 document (each product's path, provenance path, reuse and "
+                   "provenance document); no progress on stderr.")
 def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, convert_checkpoint, arm_name,
             platform, as_json):
     """Convert DAPO-Math-17k to VIME prompt JSONL, hash the model, convert the checkpoint.
@@ -50,7 +52,11 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
     run (exit 2) writes no data, provenance or checkpoint; it may leave only
     caches: cache/hashes.json (sha256 per file, keyed by path, size and
     mtime) and downloads/*.partial (an interrupted download, resumed by the
-    next run). Downloads are checksum-verified.
+    next run). Downloads are checked against the sha256 the server states
+    (on a redirect too: the Hugging Face hub sends it on its 302), else only
+    their size; downloads/<file>.download.json records which, and a reused
+    download's provenance says the same (source_checksum).
+    Hashing a model shows files and bytes hashed on stderr.
 
     \b
     Examples:
@@ -59,17 +65,17 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
       kit prepare --workspace /data/ws --no-dataset --model /models/Qwen3-8B --convert-checkpoint --arm G10
     """
     from kit import prepare as prep
+    from kit.cli.run import workspace_from
 
-    if workspace is None:
-        raise BadInput("--workspace: required (or set KIT_WORKSPACE)")
+    workspace = workspace_from(workspace)
     if convert_checkpoint and not (model_dir and arm_name):
         raise BadInput("--convert-checkpoint: needs --model PATH (the Hugging Face checkpoint) and --arm A")
     if arm_name and not convert_checkpoint:
         raise BadInput("--arm: only used with --convert-checkpoint")
+    if no_dataset and model_dir is None:
+        raise BadInput("--no-dataset: nothing left to prepare; add --model PATH, or drop --no-dataset")
     if no_dataset and (dataset_source or accept_new_hash):
         raise BadInput("--no-dataset: cannot be combined with --dataset-source or --accept-new-hash")
-    if workspace.exists() and not workspace.is_dir():
-        raise BadInput(f"--workspace {workspace}: exists and is not a directory")
 
     # Every input is checked before anything is written (hashing the model only fills the hash cache).
     source = dataset_source or prep.PUBLISHED_URL
@@ -83,24 +89,24 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
         prep.check_model_dir(model_dir)
     if not no_dataset:
         prep.check_dataset_source(source)
+    progress = None if as_json else sys.stderr
     if convert_checkpoint:
         from kit.inputs import hash_tree, tree_sha256
 
         ws = prep.Workspace(workspace)
-        model_tree = tree_sha256(hash_tree(model_dir, ws.hash_cache))
+        model_tree = tree_sha256(hash_tree(model_dir, ws.hash_cache, progress=progress))
         converted = ws.checkpoint_dir(arm.stack_sha256, model_tree)
         if not (converted.exists() and ws.checkpoint_provenance(converted).exists()):
             image = prep.find_conversion_image(arm.name, arm.document, arm.stack_document, arm.stack_sha256,
                                                platform)
 
     workspace.mkdir(parents=True, exist_ok=True)
-    progress = None if as_json else sys.stderr
     done = []
     if not no_dataset:
         done.append(prep.prepare_dataset(workspace, source=source, accept_new_hash=accept_new_hash,
                                          progress=progress))
     if model_dir is not None:
-        model = prep.prepare_model(workspace, model_dir)
+        model = prep.prepare_model(workspace, model_dir, progress=progress)
         done.append(model)
         if convert_checkpoint:
             done.append(prep.convert_checkpoint(
@@ -113,14 +119,7 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
             click.echo(f"kit: warning: {p.path} (sha256 {p.document['output_sha256']}) is NOT the published "
                        f"DAPO-Math-17k conversion ({prep.PUBLISHED_OUTPUT_SHA256}); {why}", err=True)
     if as_json:
-        out = {}
-        for p in done:
-            entry = {"path": str(p.path), "provenance": str(p.provenance_path), "reused": p.reused,
-                     "document": p.document}
-            if p.kind == "dataset":
-                entry["matches_published_output"] = prep.matches_published_output(p.document)
-            out[p.kind] = entry
-        click.echo(json.dumps(out, indent=2, sort_keys=True, ensure_ascii=False))
+        emit_json(prep.result_document(workspace, done))
         return
     for p in done:
         doc = p.document
