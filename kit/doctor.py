@@ -23,7 +23,7 @@ import subprocess
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TextIO
 
 from kit import __version__
 from kit.documents import schema_id
@@ -137,6 +137,7 @@ class Context:
     arm: ArmSpec | None = None
     workspace: Path | None = None
     ray_address: str | None = None
+    progress: TextIO | None = None      # where re-hashing a model or checkpoint reports its progress
 
     @cached_property
     def docker(self) -> dict:
@@ -355,24 +356,24 @@ def observe_ray(address: str) -> dict:
 # --- images ---------------------------------------------------------------------------------------
 
 def find_stack_image(stack_name: str, stack_sha256: str, platform: str, client=None):
-    """The newest local image built from this stack for this platform, or None.
+    """The image a run of this stack and platform would use, or None.
 
-    First by the labels ``kit build`` sets (``dev.rlk-kit.stack.sha256`` and ``dev.rlk-kit.platform``),
-    so a retagged image is still found; then by its tag form ``rlk-kit/<stack>:<platform>-<inputs12>``,
-    which also finds an image of an older revision of the stack for ``check_image`` to report.
+    First the Docker runtime's own choice (:meth:`kit.runtimes.docker.DockerRuntime.stack_image`: by the
+    labels ``kit build`` sets, the newest), so doctor checks the image the run starts; then, only to
+    report it, the newest image of the tag form ``rlk-kit/<stack>:<platform>-<inputs12>``, which finds an
+    image of an older revision of the stack for ``check_image`` to name the differences of.
     """
     import docker
 
-    from kit.image_layout import LABEL_PREFIX
+    from kit.runtimes.docker import DockerRuntime
 
     client = client or docker.from_env(timeout=20)
-    candidates = client.images.list(filters={"label": [f"{LABEL_PREFIX}.stack.sha256={stack_sha256}",
-                                                       f"{LABEL_PREFIX}.platform={platform}"]})
-    if not candidates:
-        candidates = [image for image in client.images.list(name=f"rlk-kit/{stack_name}")
-                      if any(tag.split(":", 1)[-1].startswith(f"{platform}-") for tag in image.tags)]
-    candidates.sort(key=lambda im: im.attrs.get("Created", ""), reverse=True)
-    return candidates[0] if candidates else None
+    chosen = DockerRuntime.stack_image(client, stack_sha256, platform)
+    if chosen is not None:
+        return chosen
+    candidates = [image for image in client.images.list(name=f"rlk-kit/{stack_name}")
+                  if any(tag.split(":", 1)[-1].startswith(f"{platform}-") for tag in image.tags)]
+    return max(candidates, key=DockerRuntime.image_age_key, default=None)
 
 
 def check_arm_image(ctx: Context) -> Check:
@@ -389,18 +390,20 @@ def check_arm_image(ctx: Context) -> Check:
     if image is None:
         return Check("image", FAIL, f"image not built: no rlk-kit/{arm.stack_name}:{platform}-* on the engine; "
                      f"run kit build {platform} --arm {arm.name}")
-    ref = image.tags[0] if image.tags else image.id
+    from kit.runtimes.docker import DockerRuntime
+
+    ref = DockerRuntime.image_ref(image)
     try:
         from kit.images import check_image
     except ImportError:
         return Check("image", FAIL, f"{ref} found, but kit.images.check_image is not available to match it "
                      f"against stack {arm.stack_name}")
+    details = {"image": ref, "id": image.id}
     try:
         result = check_image(image.id, arm.stack_document, client=ctx.docker["client"])
     except Exception as exc:
-        return Check("image", FAIL, f"{ref}: cannot check against stack {arm.stack_name} ({_one_line(exc)})")
+        return Check("image", FAIL, f"{ref}: cannot check against stack {arm.stack_name} ({_one_line(exc)})", details)
     ok, problems = _image_verdict(result)
-    details = {"image": ref, "id": image.id}
     if ok:
         return Check("image", PASS, f"{ref} matches stack {arm.stack_name} ({arm.stack_sha256[:12]})", details)
     return Check("image", FAIL, f"{ref} does not match stack {arm.stack_name}: " + "; ".join(problems[:5]), details)
@@ -518,7 +521,7 @@ def check_checkpoint(ctx: Context) -> Check:
                      f"({arm.stack_sha256[:12]}) in {ws.root / 'checkpoints'}; run kit prepare --workspace "
                      f"{ws.root} --model PATH --convert-checkpoint --arm {arm.name}")
     try:
-        actual = tree_sha256(hash_tree(ws.root / doc["output"], ws.hash_cache))
+        actual = tree_sha256(hash_tree(ws.root / doc["output"], ws.hash_cache, progress=ctx.progress))
     except BadInput as exc:
         return Check(name, FAIL, str(exc), {"provenance": str(where)})
     if actual != doc["tree_sha256"]:
@@ -581,7 +584,7 @@ def check_model(ctx: Context) -> Check:
         if not model_dir.is_dir():
             return Check(name, FAIL, f"{model_dir} (hashed in {where.name}) is gone", details)
         try:
-            observed = hash_tree(model_dir, ws.hash_cache)
+            observed = hash_tree(model_dir, ws.hash_cache, progress=ctx.progress)
         except BadInput as exc:
             return Check(name, FAIL, str(exc), details)
         differences = compare_model_files(doc["files"], observed)

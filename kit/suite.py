@@ -5,8 +5,9 @@ totals, and builds the attribution table and the ``rlk-kit/suite-summary/v1`` do
 part (:func:`run_module_suite`) runs every arm through :func:`kit.run.execute` — the code path of
 ``kit run`` — so each arm gets the same manifest, gates and seal as a hand-started run, in
 ``<workspace>/runs/<suite-id>-<arm lower>/``. Everything that could make the suite bad input (the
-suite id, the eight run ids, the stack, the runtime, a dirty checkout) is checked before the suite
-directory ``<workspace>/suites/<suite-id>/`` is created, so a refused suite leaves nothing behind.
+suite id, the eight run ids, the stack, the runtime and its inputs — Docker engine and image, Ray
+address —, a dirty checkout) is checked before the suite directory ``<workspace>/suites/<suite-id>/``
+is created, so a refused suite leaves nothing behind.
 A failing arm is recorded and the next one runs; Ctrl-C stops the suite after the current arm
 stopped and writes the partial summary marked interrupted. Example::
 
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import TextIO
 
 from kit.documents import schema_id, sha256_of_document, write_new_document
-from kit.errors import BadInput, KitError
+from kit.errors import BadInput, CheckFailed, KitError
 from kit.evidence import utc_now
 
 MODULES = ("attention", "ffn", "logp")
@@ -92,6 +93,8 @@ class SuitePlan:
     stack_sha256: str
     matrix: dict = field(hash=False, compare=False)
     matrix_source: str = ""
+    image: str | None = None        # docker: the image every arm runs in, resolved once (its id pins it)
+    image_id: str | None = None
 
     @property
     def workspace(self) -> Path:
@@ -376,7 +379,7 @@ def summary_document(plan: SuitePlan, arms: list[dict], *, started_at: str, fini
         "matrix": {"name": MATRIX_NAME, "source": plan.matrix_source, "sha256": sha256_of_document(plan.matrix),
                    "base_arm": plan.base.arm, "order": list(MODULE_ORDER)},
         "stack": {"name": plan.stack_name, "sha256": plan.stack_sha256},
-        "runtime": {"kind": plan.runtime, "image": req.image, "ray_address": req.ray_address},
+        "runtime": {"kind": plan.runtime, "image": plan.image, "ray_address": req.ray_address},
         "rollouts": req.rollouts,
         "workspace": str(plan.workspace),
         "suite_dir": str(plan.suite_dir),
@@ -479,7 +482,60 @@ def plan_module_suite(request: SuiteRequest, catalog=None) -> SuitePlan:
     if len(stacks) != 1:
         raise BadInput(f"module matrix on {base.arm}: its arms name different stacks {sorted(stacks)}")
     (stack_name, stack_sha), = stacks
-    return SuitePlan(request, base, runtime, specs, stack_name, stack_sha, matrix, source)
+    from kit.run import check_request
+
+    # kit run's own flag checks (--image without --runtime docker, ...): refused here, not eight times
+    check_request(_run_request(request, runtime, workspace, specs[0]))
+    image, image_id = check_runtime_inputs(request, runtime, specs[0])
+    return SuitePlan(request, base, runtime, specs, stack_name, stack_sha, matrix, source, image, image_id)
+
+
+def check_runtime_inputs(request: SuiteRequest, runtime: str, spec: ArmSpec) -> tuple[str | None, str | None]:
+    """The runtime's input checks that hold for all eight arms, made once with the runtime's own code:
+    docker: the engine answers, the image is present (``--image``, else the runtime's choice by stack
+    label) and built for the stack; ray: the address is a dashboard URL that answers. Each arm's
+    preflight still proves the live identity. Returns docker's ``(image ref, image id)``.
+
+    Once and here, because inside the arms an absent image or a dead cluster fails all eight (for Ray
+    after eight waits) only after the suite dir exists, using up the suite id.
+    """
+    arm = spec.arm
+    if runtime == "docker":
+        from kit.images import check_image, engine
+        from kit.runtimes.docker import DockerRuntime
+
+        client = engine()
+        ref = request.image or DockerRuntime.image_for_arm(client, arm)
+        try:
+            check = check_image(ref, arm.stack, client=client)
+        except BadInput:
+            if not request.image:
+                raise
+            # absent: name the flag it came from and what would be accepted
+            raise BadInput(f"--image {ref}: not on this engine; build the stack's image with `kit build "
+                           f"{arm.platform} --arm {arm.name}`, or leave --image out to use it") from None
+        if not check.matches:
+            shown = "; ".join(f"{label}: expected {exp!r}, found {got!r}" for label, exp, got in check.differences[:12])
+            raise CheckFailed(f"{'--image' if request.image else 'image'} {ref}: not built for stack {arm.stack.name} "
+                              f"({arm.stack.sha256[:12]}); differing labels: {shown}")
+        return ref, check.image_id
+    if runtime == "ray":
+        from kit.runtimes import NAMED_CLUSTER_TIMEOUT_S, wait_for_jobs_api
+        from kit.runtimes.ray import RayRuntime
+
+        address = RayRuntime(arm=arm, ray_address=request.ray_address, run_id=spec.run_id).address
+        wait_for_jobs_api(address, timeout_s=NAMED_CLUSTER_TIMEOUT_S, unreachable=lambda m: BadInput(
+            f"--ray-address {address}: cannot be reached ({m}); give the dashboard URL of a running cluster"))
+    return None, None
+
+
+def _run_request(request: SuiteRequest, runtime: str, workspace: Path, spec: ArmSpec, image: str | None = None):
+    """The kit run request of one arm: every arm goes through the same path as a hand-started run."""
+    from kit.run import RunRequest
+
+    return RunRequest(arm=spec.arm, workspace=workspace, runtime=runtime, image=image or request.image,
+                      ray_address=request.ray_address, run_id=spec.run_id, rollouts=request.rollouts,
+                      allow_dirty=request.allow_dirty, sign_key=request.sign_key)
 
 
 def run_module_suite(plan: SuitePlan, *, progress: TextIO | None = None, log: Callable[[str], None] = lambda s: None,
@@ -489,7 +545,7 @@ def run_module_suite(plan: SuitePlan, *, progress: TextIO | None = None, log: Ca
     ``before_arm`` is called just before each arm starts (progress reporting; tests use it to
     make an arm fail for real).
     """
-    from kit.run import RunRequest, SignalFlag, execute
+    from kit.run import SignalFlag, execute
 
     req = plan.request
     plan.suite_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -513,9 +569,7 @@ def run_module_suite(plan: SuitePlan, *, progress: TextIO | None = None, log: Ca
             t0 = time.monotonic()
             outcome, error = None, None
             try:
-                outcome = execute(RunRequest(arm=spec.arm, workspace=plan.workspace, runtime=plan.runtime,
-                                             image=req.image, ray_address=req.ray_address, run_id=spec.run_id,
-                                             rollouts=req.rollouts, allow_dirty=req.allow_dirty, sign_key=req.sign_key),
+                outcome = execute(_run_request(req, plan.runtime, plan.workspace, spec, plan.image_id),
                                   progress=progress, log=lambda s, n=spec.name: log(f"{n}: {s}"))
             except KeyboardInterrupt:
                 interrupted, error = True, "interrupted"

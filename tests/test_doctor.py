@@ -217,6 +217,64 @@ def test_image_lookup_on_real_engine():
         client.images.remove(by_tag.id, force=True)
 
 
+def test_doctor_and_the_docker_runtime_choose_the_same_image():
+    """Two images of one stack and platform, and a newer one of another platform: the Docker runtime
+    (whose choice kit suite plans with) and doctor both take the newest of the arm's platform."""
+    from types import SimpleNamespace
+
+    import docker
+    from kit.runtimes.docker import DockerRuntime
+
+    client = docker.from_env()
+    stack = f"doctor-pick-{uuid.uuid4().hex[:8]}"
+    sha = uuid.uuid4().hex * 2
+
+    def build(platform: str, n: int):
+        dockerfile = (f"FROM scratch\nLABEL dev.rlk-kit.stack.sha256={sha} dev.rlk-kit.platform={platform} "
+                      f"dev.rlk-kit.stack.name={stack} build={n}\n").encode()
+        return client.images.build(fileobj=io.BytesIO(dockerfile), tag=f"rlk-kit/{stack}:{platform}-{n}", rm=True)[0]
+
+    older = build("cpu", 1)
+    time.sleep(1.1)
+    newer = build("cpu", 2)
+    time.sleep(1.1)
+    other_platform = build("rocm", 3)        # newest of all, but not what a cpu arm runs
+    try:
+        key = DockerRuntime.image_age_key
+        assert key(older) < key(newer) < key(other_platform)
+        assert DockerRuntime.stack_image(client, sha, "cpu").id == newer.id
+        assert find_stack_image(stack, sha, "cpu", client).id == newer.id
+
+        arm = SimpleNamespace(name="A1", platform="cpu", stack=SimpleNamespace(name=stack, sha256=sha))
+        runtime = DockerRuntime(arm=arm, image=None, workspace=Path("."), run_id="r1")
+        runtime.client = client
+        assert runtime._find_image() == f"rlk-kit/{stack}:cpu-2"
+
+        spec = ArmSpec("A1", {"engine": "smoke", "topology": {"gpus": 1}}, stack,
+                       {"name": stack, "platforms": {}, "packages": {}, "sources": []}, sha)
+        check = check_arm_image(Context(arm=spec))
+        assert check.details["id"] == newer.id and check.details["image"] == f"rlk-kit/{stack}:cpu-2"
+    finally:
+        for image in (older, newer, other_platform):
+            client.images.remove(image.id, force=True)
+
+
+def test_image_age_orders_by_nanoseconds_not_by_text():
+    from types import SimpleNamespace
+
+    from kit.runtimes.docker import DockerRuntime
+
+    def image(created, id_="sha256:" + "0" * 64):
+        return SimpleNamespace(attrs={"Created": created}, id=id_)
+
+    key = DockerRuntime.image_age_key
+    # the engine drops trailing zeros: .1 is 100 ms, later than .12 read as text would say
+    assert key(image("2026-01-02T03:04:05.12Z")) > key(image("2026-01-02T03:04:05.1Z"))
+    assert key(image("2026-01-02T03:04:06Z")) > key(image("2026-01-02T03:04:05.999999999Z"))
+    assert key(image("2026-01-02T04:04:05+01:00")) == key(image("2026-01-02T03:04:05Z"))
+    assert key(image("2026-01-02T03:04:05Z", "sha256:" + "f" * 64)) > key(image("2026-01-02T03:04:05Z"))
+
+
 # --- a real Ray head ---------------------------------------------------------------------------------
 
 def _free_port() -> int:
@@ -415,6 +473,46 @@ def test_model_check_follows_the_arms_checkpoint(tmp_path):
     assert check.status == PASS and str(used) in check.reason and str(unused) not in check.reason
     (used / "config.json").write_text("changed")
     assert check_model(Context(arm=arm, workspace=ws)).status == FAIL
+
+
+def test_default_workspace_is_kit_runs(tmp_path, monkeypatch):
+    """Without --workspace, doctor reads the inputs from ./.workspace, where kit run and kit suite look."""
+    monkeypatch.chdir(tmp_path)
+    src = write_parquet(tmp_path / "train.parquet")
+    prepare_dataset(tmp_path / ".workspace", source=str(src), accept_new_hash=True)
+    result = CliRunner().invoke(cli, ["doctor", "--arm", "G10", "--json"],
+                                env={"KIT_WORKSPACE": None, "RAY_ADDRESS": None})
+    doc = json.loads(result.stdout)
+    assert doc["workspace"] == str(tmp_path / ".workspace")
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert checks["inputs.prompt_data"]["status"] == PASS, checks["inputs.prompt_data"]
+    assert not any("no workspace" in c["reason"] for c in doc["checks"])
+    # $KIT_WORKSPACE still wins over the default, as for kit run
+    other = tmp_path / "elsewhere"
+    result = CliRunner().invoke(cli, ["doctor", "--arm", "G10", "--json"],
+                                env={"KIT_WORKSPACE": str(other), "RAY_ADDRESS": None})
+    assert json.loads(result.stdout)["workspace"] == str(other)
+    # a file where the workspace should be is bad input naming where the path came from
+    (tmp_path / "afile").write_text("x")
+    result = CliRunner().invoke(cli, ["doctor", "--arm", "G10", "--workspace", str(tmp_path / "afile")])
+    assert result.exit_code == 2 and "--workspace" in result.stderr
+
+
+def test_model_rehash_reports_progress_on_stderr_only(tmp_path):
+    ws = tmp_path / "ws"
+    arm = vime_arm()
+    model = make_model(tmp_path / "Qwen3-tiny")
+    prepare_model(ws, model)
+    # a new mtime makes the cache miss, so the files are read again
+    for f in model.iterdir():
+        os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 1000))
+    progress = io.StringIO()
+    assert check_model(Context(arm=arm, workspace=ws, progress=progress)).status == PASS
+    size = sum(f.stat().st_size for f in model.iterdir())
+    assert f"hashing {model}: 4/4 files, {size / 1024:.1f} KiB/{size / 1024:.1f} KiB (100%)" in progress.getvalue()
+    quiet = io.StringIO()        # now answered from the cache: nothing was hashed, nothing printed
+    assert check_model(Context(arm=arm, workspace=ws, progress=quiet)).status == PASS
+    assert quiet.getvalue() == ""
 
 
 def test_report_document_validates():

@@ -297,10 +297,91 @@ def test_bad_suite_ids_are_refused_and_create_nothing(tmp_path_factory, suite_id
     (["--rollouts", "2"], "--stack is required"),
     (["--rollouts", "2", "--stack", "vime-current", "--runtime", "local"], "--runtime local"),
     (["--rollouts", "2", "--stack", "smoke", "--runtime", "ray"], "--ray-address"),
+    # kit run would refuse each of the eight arms for it; the suite refuses it once, before anything exists
+    (["--rollouts", "2", "--stack", "smoke", "--image", "x:y"], "--image needs --runtime docker"),
+    (["--rollouts", "2", "--stack", "smoke", "--runtime", "ray", "--ray-address", "head:8265"],
+     "--ray-address head:8265: give the dashboard URL"),
 ])
 def test_bad_flags_exit_2_and_write_nothing(tmp_path, args, named):
     proc = kit("suite", "module", "--suite-id", "b1", *args, "--allow-dirty", env={"KIT_WORKSPACE": str(tmp_path)})
     assert proc.returncode == 2 and named in proc.stderr and "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- the runtime's inputs, checked once before the suite dir exists --------------------------------
+
+def test_an_absent_image_is_bad_input_before_the_suite_starts(tmp_path, docker_engine):
+    started = time.monotonic()
+    proc = kit("suite", "module", "--suite-id", "s3", "--rollouts", "1", "--stack", "smoke", "--runtime", "docker",
+               "--image", "rlk-kit/nonexistent:tag", "--allow-dirty", env={"KIT_WORKSPACE": str(tmp_path)})
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "--image rlk-kit/nonexistent:tag" in proc.stderr and "not on this engine" in proc.stderr
+    assert "Traceback" not in proc.stderr and time.monotonic() - started < 60
+    assert list(tmp_path.iterdir()) == []       # no suite dir, no run dirs: the suite id is still free
+
+
+def test_no_docker_engine_is_bad_input_before_the_suite_starts(tmp_path):
+    proc = kit("suite", "module", "--suite-id", "s4", "--rollouts", "1", "--stack", "smoke", "--runtime", "docker",
+               "--allow-dirty", env={"KIT_WORKSPACE": str(tmp_path), "DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
+    assert proc.returncode == 2 and "no Docker engine answers" in proc.stderr, proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_image_of_another_stack_fails_before_the_suite_starts(tmp_path, docker_engine):
+    import io
+    import uuid
+
+    tag = f"rlk-kit-test/not-smoke:{uuid.uuid4().hex[:8]}"
+    image, _ = docker_engine.images.build(fileobj=io.BytesIO(f"FROM scratch\nLABEL x={tag}\n".encode()), tag=tag, rm=True)
+    try:
+        proc = kit("suite", "module", "--suite-id", "s5", "--rollouts", "1", "--stack", "smoke", "--runtime", "docker",
+                   "--image", tag, "--allow-dirty", env={"KIT_WORKSPACE": str(tmp_path)})
+    finally:
+        docker_engine.images.remove(image.id, force=True)
+    # as kit run: a check failed (exit 1), but once and with nothing written
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"--image {tag}: not built for stack smoke" in proc.stderr and "/opt/rlk/stack.json" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_docker_suite_pins_one_image_for_all_arms(tmp_path, cpu_image):
+    """The image is resolved once while planning (as kit run resolves it) and every arm is handed its id."""
+    from kit.runtimes.docker import DockerRuntime
+    from kit.suite import _run_request
+
+    plan = plan_module_suite(SuiteRequest(suite_id="p1", rollouts=1, stack="smoke", runtime="docker",
+                                          image=cpu_image.tag, workspace=tmp_path, allow_dirty=True))
+    assert (plan.image, plan.image_id) == (cpu_image.tag, cpu_image.image_id)
+    assert {_run_request(plan.request, plan.runtime, plan.workspace, s, plan.image_id).image
+            for s in plan.specs} == {cpu_image.image_id}
+    # without --image: the runtime's own choice among the smoke stack's images, named by its tag
+    chosen = plan_module_suite(SuiteRequest(suite_id="p2", rollouts=1, stack="smoke", runtime="docker",
+                                            workspace=tmp_path, allow_dirty=True))
+    image = cpu_image_client().images.get(chosen.image_id)
+    assert image.labels["dev.rlk-kit.stack.sha256"] == plan.stack_sha256
+    assert chosen.image == DockerRuntime.image_ref(image)
+    assert list(tmp_path.iterdir()) == []     # planning writes nothing
+
+
+def cpu_image_client():
+    import docker
+
+    return docker.from_env()
+
+
+def test_an_unreachable_ray_address_is_waited_for_once(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]      # nothing listens on it once closed
+    started = time.monotonic()
+    proc = kit("suite", "module", "--suite-id", "s6", "--rollouts", "1", "--stack", "smoke", "--runtime", "ray",
+               "--ray-address", f"http://127.0.0.1:{port}", "--allow-dirty", env={"KIT_WORKSPACE": str(tmp_path)})
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"--ray-address http://127.0.0.1:{port}: cannot be reached" in proc.stderr
+    assert elapsed < 60, elapsed      # one wait of the runtime's 20 s, not one per arm
     assert list(tmp_path.iterdir()) == []
 
 

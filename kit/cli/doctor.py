@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -12,8 +13,8 @@ from kit.errors import CheckFailed
 
 @click.command(name="doctor")
 @click.option("--arm", "arm_name", metavar="A", help="Arm from manifests/ to check the host against.")
-@click.option("--workspace", type=click.Path(file_okay=False, path_type=Path), envvar="KIT_WORKSPACE",
-              help="Workspace with the prepared inputs (default: env KIT_WORKSPACE).")
+@click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
+              help="Workspace with the prepared inputs (default $KIT_WORKSPACE, else ./.workspace, as kit run).")
 @click.option("--ray-address", envvar="RAY_ADDRESS", metavar="URL",
               help="Ray dashboard/Jobs API address of an existing cluster (default: env RAY_ADDRESS).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rlk-kit/doctor/v1 document.")
@@ -21,7 +22,7 @@ def command(arm_name, workspace, ray_address, as_json):
     """Check the Docker engine, GPU runtime and GPUs, /dev/shm, disk, Ray, the arm's image and inputs.
 
     \b
-    Inputs (vime arms, in --workspace): the prompt data against their
+    Inputs (vime arms, in the workspace): the prompt data against their
     provenance and the published hash; the Hugging Face model the workspace's
     provenance names (the one the arm's checkpoint was converted from),
     re-hashed file by file (cached by path, size and mtime in
@@ -29,6 +30,7 @@ def command(arm_name, workspace, ray_address, as_json):
     the arm's stack (full stack sha256; the host's platform, then the newest).
 
     Each check prints `PASS|FAIL|SKIP <name>: <reason>`. Exit 1 if any check FAILs, else 0.
+    Re-hashing a model or checkpoint reports files and bytes hashed on stderr (not with --json).
 
     \b
     Examples:
@@ -36,11 +38,15 @@ def command(arm_name, workspace, ray_address, as_json):
       kit doctor --arm G10 --workspace /data/ws --ray-address http://127.0.0.1:8265
       kit doctor --arm G10 --json | jq '.checks[] | select(.status=="FAIL")'
     """
+    from kit.cli.run import workspace_from
     from kit.doctor import Context, load_arm, run_doctor
     from kit.documents import require_valid
 
     arm = load_arm(arm_name) if arm_name else None
-    report = run_doctor(Context(arm=arm, workspace=workspace, ray_address=ray_address or None))
+    # the workspace kit run and kit suite would read the inputs from, so a PASS here holds for them
+    workspace = workspace_from(workspace).resolve()
+    report = run_doctor(Context(arm=arm, workspace=workspace, ray_address=ray_address or None,
+                                progress=None if as_json else sys.stderr))
     if as_json:
         doc = require_valid(report.to_json(), "doctor report", "rlk-kit/doctor/v1")
         click.echo(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False))

@@ -34,7 +34,8 @@ def command(ctx, as_json):
                    "(M000..M111). Required unless --runtime local, which runs only the smoke stack.")
 @click.option("--runtime", type=click.Choice(["local", "docker", "ray"]),
               help="As in kit run; default local for the smoke stack, docker for VIME stacks.")
-@click.option("--image", metavar="REF", help="docker: the image (default: the one labelled with the stack sha256).")
+@click.option("--image", metavar="REF",
+              help="docker: the image (default: the newest labelled with the stack sha256 and platform, as kit run).")
 @click.option("--ray-address", metavar="URL", help="ray: the cluster's dashboard URL, e.g. http://head:8265.")
 @click.option("--workspace", type=click.Path(path_type=Path, file_okay=False),
               help="Workspace root (default $KIT_WORKSPACE, else ./.workspace).")
@@ -59,9 +60,12 @@ def module(ctx, suite_id, rollouts, stack, runtime, image, ray_address, workspac
     the mismatch vanish and whether M111 is exactly zero.
 
     Exit 0 every arm passed its gates and sealed, 1 an arm failed, 2 bad input
-    (an existing suite id, a run id already used, an unknown stack: nothing
-    is written), 130 Ctrl-C or SIGTERM (the partial summary is written,
-    marked interrupted).
+    (an existing suite id, a run id already used, an unknown stack, no Docker
+    engine, an absent --image, an unreachable --ray-address: nothing is
+    written), 130 Ctrl-C or SIGTERM (the partial summary is written, marked
+    interrupted). An image not built for the stack exits 1, also before
+    anything is written. With --runtime docker every arm runs in the one
+    image resolved at the start (by id).
 
     \b
     Examples:

@@ -119,13 +119,51 @@ class DockerRuntime(RayJobRuntime):
 
     # --- preflight ------------------------------------------------------------------------------------
 
+    @staticmethod
+    def image_age_key(image) -> tuple:
+        """Sort key, oldest first: the engine's creation time to the nanosecond, then the id (a total order).
+
+        The engine writes RFC 3339 with trailing zeros of the fraction dropped, so the strings themselves
+        do not sort ("…:56.1Z" is later than "…:56.12Z" as text)."""
+        import datetime as _dt
+        import re
+
+        created = image.attrs.get("Created") or ""
+        m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?$", created)
+        if not m:
+            return (0, 0, image.id)
+        when = _dt.datetime.fromisoformat(m.group(1) + ("+00:00" if m.group(3) in (None, "Z") else m.group(3)))
+        return (int(when.timestamp()), int((m.group(2) or "0").ljust(9, "0")[:9]), image.id)
+
+    @classmethod
+    def stack_image(cls, client, stack_sha256: str, platform: str):
+        """The image of a stack and platform that runs use, or None: of the images labelled with both, the
+        newest by creation time (ties: the larger id). ``kit doctor`` and ``kit suite`` call this too, so
+        the image a check passed is the image the run starts. Example::
+
+            DockerRuntime.stack_image(engine(), arm.stack.sha256, "cpu").id     # 'sha256:…'
+        """
+        found = client.images.list(filters={"label": [f"{L.LABEL_PREFIX}.stack.sha256={stack_sha256}",
+                                                      f"{L.LABEL_PREFIX}.platform={platform}"]})
+        return max(found, key=cls.image_age_key, default=None)
+
+    @staticmethod
+    def image_ref(image) -> str:
+        """How an image is named in manifests and reports: its first tag in sorted order, else its id."""
+        return min(image.tags) if image.tags else image.id
+
+    @classmethod
+    def image_for_arm(cls, client, arm) -> str:
+        """The reference of :meth:`stack_image` for an arm; BadInput naming the build command when none."""
+        image = cls.stack_image(client, arm.stack.sha256, arm.platform)
+        if image is None:
+            raise BadInput(f"no {arm.platform} image on this engine carries stack {arm.stack.name} "
+                           f"({arm.stack.sha256[:12]}); build it with `kit build {arm.platform} --arm {arm.name}` "
+                           "or pass --image REF")
+        return cls.image_ref(image)
+
     def _find_image(self) -> str:
-        sha = self.arm.stack.sha256
-        found = self.client.images.list(filters={"label": f"{L.LABEL_PREFIX}.stack.sha256={sha}"})
-        if not found:
-            raise BadInput(f"no image on this engine carries stack {self.arm.stack.name} ({sha[:12]}); build it with "
-                           f"`kit build {self.arm.platform} --arm {self.arm.name}` or pass --image REF")
-        return found[0].tags[0] if found[0].tags else found[0].id
+        return self.image_for_arm(self.client, self.arm)
 
     def preflight(self) -> None:
         from kit.images import check_image, engine
