@@ -23,12 +23,14 @@ from typing import Callable
 from kit.documents import schema_id
 from kit.vime.records import ANSI_RE, Record, RecordConflict, collect_steps, parse_records
 
-GATE_SET_VERSION = "rlk-kit-gates/1"
+# 2: steps-once refuses repeated record lines; rr-bitwise-zero needs compared tokens (numel > 0)
+GATE_SET_VERSION = "rlk-kit-gates/2"
 REPORT_SCHEMA = schema_id("validation-report")
 
 MISMATCH_KEY = "train/train_current_rollout_logprob_mismatch_count"
 MAX_DIFF_KEY = "train/train_current_rollout_logprob_max_abs_diff"
 MEAN_DIFF_KEY = "train/train_rollout_logprob_abs_diff"
+NUMEL_KEY = "train/train_current_rollout_logprob_numel"
 MODULES = ("attention", "ffn", "logp")
 SIDES = (("megatron", "training", 0), ("vllm", "rollout", 1))   # framework, target, index of the case letter
 SMOKE_MODEL_RE = re.compile(r"smoke model \S+: config_sha256=([0-9a-f]{64}) weights_sha256=([0-9a-f]{64})")
@@ -116,6 +118,10 @@ def _train_steps(ev: RunEvidence):
     return {s: r for s, r in steps.items() if "train" in r.payloads}, []
 
 
+SLOT_LABELS = {"rollout": "rollout", "train": "step", "perf_rollout": "perf (rollout side)",
+               "perf_train": "perf (train side)"}
+
+
 def _steps_once(ev: RunEvidence) -> list[str]:
     train, problems = _train_steps(ev)
     if problems:
@@ -127,7 +133,14 @@ def _steps_once(ev: RunEvidence) -> list[str]:
         out.append(f"missing step records: {_ranges(sorted(expected - seen))} (expected 0..{ev.expected_steps - 1})")
     if seen - expected:
         out.append(f"unexpected step records: {_ranges(sorted(seen - expected))} (expected 0..{ev.expected_steps - 1})")
-    return out
+    # An identical copy is still a second record: the job printed the step twice (a log holding a
+    # rerun, a re-streamed log), so "exactly once" is not met even though the values agree.
+    for step, rec in ev.steps.items():
+        for slot, again in sorted(rec.repeats.items()):
+            lines = [rec.line_numbers[slot], *again]
+            out.append(f"step {step}: the {SLOT_LABELS[slot]} record appears {len(lines)} times, on job log lines "
+                       f"{', '.join(map(str, lines[:-1]))} and {lines[-1]}; each step's records are printed once")
+    return out[:20] + ([f"... and {len(out) - 20} more"] if len(out) > 20 else [])
 
 
 def _rr_zero(ev: RunEvidence) -> list[str]:
@@ -136,11 +149,18 @@ def _rr_zero(ev: RunEvidence) -> list[str]:
         return problems
     out = []
     for step, rec in sorted(train.items()):
+        payload = rec.payloads["train"]
+        # zero mismatches over zero compared tokens proves nothing (reference §3.2 G5: numel > 0)
+        numel = payload.get(NUMEL_KEY)
+        if NUMEL_KEY not in payload:
+            out.append(f"step {step}: {NUMEL_KEY} is missing; the gate needs the compared-token count, > 0")
+        elif not _number(numel) or not math.isfinite(numel) or numel <= 0:
+            out.append(f"step {step}: {NUMEL_KEY} = {numel!r}; the gate needs a finite compared-token count > 0")
         for key in (MISMATCH_KEY, MAX_DIFF_KEY):
-            value = rec.payloads["train"].get(key)
-            if value is None:
+            value = payload.get(key)
+            if key not in payload:
                 out.append(f"step {step}: {key} is missing")
-            elif value != 0:
+            elif not _number(value) or value != 0:
                 out.append(f"step {step}: {key} = {value!r}, an R/R arm needs exactly 0")
     return out[:20] + ([f"... and {len(out) - 20} more"] if len(out) > 20 else [])
 
@@ -299,9 +319,10 @@ def _graph_required(ev: RunEvidence) -> bool:
 
 GATES: tuple[Gate, ...] = (
     Gate("job-succeeded", "the job reached the terminal state SUCCEEDED", _job_succeeded),
-    Gate("steps-once", "steps 0..N-1 each have exactly one train record (identical repeats collapse, conflicting ones fail)",
+    Gate("steps-once", "steps 0..N-1 each have exactly one train record, and no record line of a step is printed twice",
          _steps_once),
-    Gate("rr-bitwise-zero", "R/R arm: mismatch count 0 and max |Δlogp| 0 on every step", _rr_zero,
+    Gate("rr-bitwise-zero", "R/R arm: on every step, compared tokens (numel) > 0, mismatch count 0 and max |Δlogp| 0",
+         _rr_zero,
          lambda ev: ev.all_strict, "every operator is R/R"),
     Gate("finite-metrics", "no metric in any rollout/step/perf record is inf or nan", _finite),
     Gate("no-traceback", f"the engine printed no {TRACEBACK!r}", _scan(TRACEBACK)),

@@ -41,14 +41,15 @@ def vllm_config_echo(sizes: list[int]) -> str:
             f"'cudagraph_capture_sizes': [{shown}], 'max_cudagraph_capture_size': {max(sizes, default=0)}}}")
 
 
-def step_block(step: int, *, mismatch: float = 0.0, max_diff: float = 0.0, loss: str = "0.0123") -> list[str]:
+def step_block(step: int, *, mismatch: float = 0.0, max_diff: float = 0.0, loss: str = "0.0123",
+               numel: str = "100.0") -> list[str]:
     return [
         f"(RolloutManager pid=42) rollout {step}: {{'rollout/raw_reward': 0.5, 'rollout/rewards': 0.0, 'rollout/response_lengths': 120.0}}",
         f"(RolloutManager pid=42) perf {step}: {{'perf/rollout_time': 10.5, 'perf/tokens_per_gpu_per_sec': 99.0}}",
         f"(TrainActor pid=7) step {step}: {{'train/loss': {loss}, "
         f"'train/train_current_rollout_logprob_mismatch_count': {mismatch}, "
         f"'train/train_current_rollout_logprob_max_abs_diff': {max_diff}, "
-        f"'train/train_rollout_logprob_abs_diff': 0.0, 'train/train_current_rollout_logprob_numel': 100.0}}",
+        f"'train/train_rollout_logprob_abs_diff': 0.0, 'train/train_current_rollout_logprob_numel': {numel}}}",
         f"(TrainActor pid=7) perf {step}: {{'perf/step_time': 30.0, 'perf/train_time': 12.0}}",
     ]
 
@@ -112,9 +113,25 @@ def test_extra_step_fails(strict_arm):
     assert failed_gates(strict_arm, lines) == ["steps-once"]
 
 
-def test_identical_duplicates_collapse_conflicting_duplicates_fail(strict_arm):
+def gate_problems(arm, lines, gate_id) -> list[str]:
+    report = evaluate(RunEvidence(arm=arm, job_status="SUCCEEDED", engine_lines=lines), run_id="t")
+    return next(g["problems"] for g in report["gates"] if g["id"] == gate_id)
+
+
+def test_a_repeated_step_fails_naming_the_step_and_both_lines(strict_arm):
     lines = good_log(strict_arm)
-    assert failed_gates(strict_arm, lines + step_block(1)) == []
+    first = next(n for n, l in enumerate(lines, start=1) if " step 1: " in l)
+    repeated = lines + [lines[first - 1]]                         # the same `step 1:` line printed again
+    assert failed_gates(strict_arm, repeated) == ["steps-once"]
+    assert gate_problems(strict_arm, repeated, "steps-once") == [
+        f"step 1: the step record appears 2 times, on job log lines {first} and {len(repeated)}; "
+        "each step's records are printed once"]
+    # a repeated perf line is a second record of its step too, named by its side
+    perf = next(n for n, l in enumerate(lines, start=1) if "TrainActor" in l and " perf 2: " in l)
+    assert gate_problems(strict_arm, lines + [lines[perf - 1]], "steps-once") == [
+        f"step 2: the perf (train side) record appears 2 times, on job log lines {perf} and {len(lines) + 1}; "
+        "each step's records are printed once"]
+    # a conflicting repeat still fails as two runs in one log
     assert "steps-once" in failed_gates(strict_arm, lines + step_block(1, loss="0.5"))
 
 
@@ -123,6 +140,33 @@ def test_rr_nonzero_mismatch_fails_and_pp_does_not_gate_it(strict_arm, native_ar
     bad = lines[:-4] + step_block(STEPS - 1, mismatch=3.0, max_diff=0.1)
     assert failed_gates(strict_arm, bad) == ["rr-bitwise-zero"]
     assert failed_gates(native_arm, good_log(native_arm, letter="P", mismatch=12.5)) == []
+
+
+@pytest.mark.parametrize("numel, shown", [("0.0", "= 0.0"), ("0", "= 0"), ("-3.0", "= -3.0"), ("nan", "= nan"),
+                                          ("inf", "= inf"), ("'100'", "= '100'"), ("True", "= True"),
+                                          (None, "is missing")])
+def test_rr_gate_needs_compared_tokens(strict_arm, native_arm, numel, shown):
+    # zero mismatches over zero compared tokens proves nothing: the gate needs numel > 0 on every step
+    key = "train/train_current_rollout_logprob_numel"
+    lines = good_log(strict_arm)[:-4] + step_block(STEPS - 1, numel=numel or "1.0")
+    if numel is None:
+        lines = [l.replace(f", '{key}': 1.0", "") for l in lines]
+    problems = gate_problems(strict_arm, lines, "rr-bitwise-zero")
+    assert len(problems) == 1 and problems[0].startswith(f"step {STEPS - 1}: {key} {shown}"), problems
+    assert "rr-bitwise-zero" in failed_gates(strict_arm, lines)
+
+
+def test_rr_gate_fails_when_every_step_compared_nothing(strict_arm, native_arm):
+    lines = [l.replace("'train/train_current_rollout_logprob_numel': 100.0", "'train/train_current_rollout_logprob_numel': 0")
+             for l in good_log(strict_arm)]
+    report = evaluate(RunEvidence(arm=strict_arm, job_status="SUCCEEDED", engine_lines=lines), run_id="t")
+    assert not report["passed"]
+    assert [g["id"] for g in report["gates"] if g["status"] == "failed"] == ["rr-bitwise-zero"]
+    assert len(gate_problems(strict_arm, lines, "rr-bitwise-zero")) == STEPS
+    # P/P arms are not judged by it
+    native = [l.replace("'train/train_current_rollout_logprob_numel': 100.0", "'train/train_current_rollout_logprob_numel': 0")
+              for l in good_log(native_arm, letter="P", mismatch=12.5)]
+    assert failed_gates(native_arm, native) == []
 
 
 def test_nonfinite_metric_fails(strict_arm):

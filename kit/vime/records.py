@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
@@ -135,6 +135,9 @@ class StepRecords:
     step: int
     payloads: dict          # slot -> payload dict
     line_numbers: dict      # slot -> 1-based line of the first occurrence
+    # slot -> 1-based lines of later identical copies. Analysis of collected logs reads through them;
+    # the run gates refuse them, since a run's own log prints each record once.
+    repeats: dict = field(default_factory=dict)
 
     def value(self, key: str, default=None):
         for slot in _slot_order(key):
@@ -181,16 +184,18 @@ def _same(a, b) -> bool:
 
 
 def collect_steps(records: Iterable[Record]) -> dict[int, StepRecords]:
-    """Group records by step into slots; identical repeats collapse, conflicting repeats raise.
+    """Group records by step into slots; identical repeats collapse (their lines are kept in
+    ``repeats``), conflicting repeats raise.
 
     Steps are the union of step indices over all record kinds. Example::
 
         >>> steps = collect_steps(parse_records(["step 0: {'train/loss': 1.0}", "step 0: {'train/loss': 1.0}"]))
-        >>> steps[0].value("train/loss")
-        1.0
+        >>> steps[0].value("train/loss"), steps[0].line_numbers["train"], steps[0].repeats["train"]
+        (1.0, 1, (2,))
     """
     payloads: dict[int, dict] = {}
     lines: dict[int, dict] = {}
+    repeats: dict[int, dict] = {}
     for record in records:
         slot = slot_of(record)
         have = payloads.setdefault(record.step, {})
@@ -201,10 +206,12 @@ def collect_steps(records: Iterable[Record]) -> dict[int, StepRecords]:
                 raise RecordConflict(
                     f"lines {first} and {record.line_number}: two different {label} records for step "
                     f"{record.step}; a log must hold one run (repeated lines must be identical)")
+            slots = repeats.setdefault(record.step, {})
+            slots[slot] = slots.get(slot, ()) + (record.line_number,)
             continue
         have[slot] = record.payload
         lines.setdefault(record.step, {})[slot] = record.line_number
-    return {step: StepRecords(step, payloads[step], lines[step]) for step in sorted(payloads)}
+    return {step: StepRecords(step, payloads[step], lines[step], repeats.get(step, {})) for step in sorted(payloads)}
 
 
 GENERATION_RE = re.compile(r"Rollout generation:.*100%.*\[(\d+):(\d+)<")
