@@ -11,7 +11,8 @@ one of them declares in ``comparison`` naming the other. Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from kit.arm import Arm
@@ -23,6 +24,7 @@ KEYED_LISTS = {"sources": "name"}
 
 DECLARED = "declared"
 UNCONTROLLED = "uncontrolled"
+COMPARISON_SCHEMA = "rlk-kit/comparison/v2"
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Comparison:
     differences: tuple[Difference, ...]
     declared_factors: tuple[str, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # runs that are no evidence to compare (not completed and sealed): {"run", "status", "sealed", "reason"}
+    not_comparable: tuple[dict, ...] = field(default_factory=tuple)
 
     @property
     def uncontrolled(self) -> list[Difference]:
@@ -50,16 +54,17 @@ class Comparison:
 
     @property
     def controlled(self) -> bool:
-        return not self.uncontrolled
+        return not self.uncontrolled and not self.not_comparable
 
     def to_json(self) -> dict:
         return {
-            "schema": "rlk-kit/comparison/v1",
+            "schema": COMPARISON_SCHEMA,
             "a": self.a,
             "b": self.b,
             "controlled": self.controlled,
             "declared_factors": list(self.declared_factors),
             "differences": [d.to_json() for d in self.differences],
+            "not_comparable": [dict(n) for n in self.not_comparable],
             "notes": list(self.notes),
         }
 
@@ -241,3 +246,63 @@ def compare_run_manifests(manifest_a: dict, manifest_b: dict) -> Comparison:
             continue
         diffs.append(d)
     return Comparison(manifest_a["run_id"], manifest_b["run_id"], tuple(diffs), tuple(factors), tuple(notes))
+
+
+def run_standing(run_dir: Path) -> dict | None:
+    """Why a run dir is no comparable evidence, or None when its run succeeded and was sealed.
+
+    An interrupted, failed, detached or unsealed run holds partial evidence: its steps, timings and
+    identity may stop anywhere, so a comparison with it is never a controlled one. Example::
+
+        run_standing(Path("ws/runs/stop-me"))
+        # {"run": "ws/runs/stop-me", "status": "interrupted", "sealed": False, "reason": "ws/runs/stop-me: status ..."}
+    """
+    from kit import evidence as E
+    from kit.documents import read_json_file
+    from kit.errors import KitError
+
+    try:
+        doc = read_json_file(Path(run_dir) / E.STATUS)
+        status = doc.get("status") if isinstance(doc, dict) and isinstance(doc.get("status"), str) else None
+    except KitError:
+        status = None
+    sealed = E.is_sealed(Path(run_dir))
+    if status == "succeeded" and sealed:
+        return None
+    if status is None:
+        why = f"no readable {E.STATUS} with a status: the run did not finish"
+    elif status != "succeeded":
+        why = f"status {status}" + ("" if sealed else ", not sealed")
+    else:
+        why = f"status succeeded but not sealed (no {E.SEAL})"
+    return {"run": str(run_dir), "status": status, "sealed": sealed,
+            "reason": f"{run_dir}: {why}; only a run that succeeded and was sealed is comparable evidence"}
+
+
+def compare_run_dirs(a: Path, b: Path) -> Comparison:
+    """:func:`compare_run_manifests` over two run dirs, not controlled unless both runs succeeded and
+    were sealed (see :func:`run_standing`). ``kit verify`` is what re-hashes a seal. Example::
+
+        compare_run_dirs(Path("ws/runs/r1"), Path("ws/runs/r2")).controlled
+    """
+    from kit import evidence as E
+    from kit.documents import read_json_file
+    from kit.errors import BadInput, KitError
+
+    manifests = []
+    for label, run_dir in (("A", a), ("B", b)):
+        try:
+            manifests.append(E.read_manifest(Path(run_dir)))
+        except BadInput as exc:
+            raise BadInput(f"argument {label}: {exc}") from None
+    result = compare_run_manifests(*manifests)
+    notes = list(result.notes)
+    standing = tuple(s for s in (run_standing(Path(a)), run_standing(Path(b))) if s)
+    for run_dir in (a, b):
+        try:
+            seal = read_json_file(Path(run_dir) / E.SEAL) if E.is_sealed(Path(run_dir)) else {}
+        except KitError:
+            seal = {}
+        if isinstance(seal, dict) and seal.get("validation_passed") is False:
+            notes.append(f"{run_dir}: sealed with failed gates (see its {E.VALIDATION})")
+    return replace(result, a=str(a), b=str(b), notes=tuple(notes), not_comparable=standing)

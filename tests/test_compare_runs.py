@@ -129,3 +129,42 @@ def test_conformance_fingerprint_absent_on_one_side_is_not_measured_but_two_valu
     assert result.controlled and any("conformance_fingerprint" in n and "not measured" in n for n in result.notes)
     c = manifest("r3", conformance_fingerprint="b" * 64)
     assert uncontrolled(a, c) == ["observed.conformance_fingerprint"]
+
+
+def test_comparison_document_names_runs_that_are_no_evidence():
+    from kit.compare import Comparison
+    from kit.documents import schema_problems
+
+    standing = {"run": "ws/runs/r2", "status": "failed", "sealed": False,
+                "reason": "ws/runs/r2: status failed, not sealed; only a run that succeeded and was sealed is comparable evidence"}
+    result = Comparison("r1", "r2", (), (), (), (standing,))
+    assert not result.controlled and not result.uncontrolled
+    doc = result.to_json()
+    assert schema_problems(doc, "comparison") == [] and doc["not_comparable"] == [standing]
+    arms = compare_arms(select_arm("smoke", None), select_arm("smoke", "native")).to_json()
+    assert schema_problems(arms, "comparison") == [] and arms["not_comparable"] == [] and arms["controlled"]
+
+
+@pytest.mark.parametrize("status, sealed, says", [
+    ("interrupted", False, "status interrupted, not sealed"),
+    ("failed", False, "status failed, not sealed"),
+    ("detached", False, "status detached, not sealed"),
+    ("succeeded", False, "status succeeded but not sealed (no seal.json)"),
+    (None, False, "no readable status.json with a status"),
+    ("succeeded", True, None),
+])
+def test_run_standing_names_the_run_dir_and_its_status(tmp_path, status, sealed, says):
+    from kit.compare import run_standing
+
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    if status:
+        (run_dir / "status.json").write_text(json.dumps({"schema": "rlk-kit/run-status/v1", "status": status}))
+    if sealed:
+        (run_dir / "seal.json").write_text("{}")
+    standing = run_standing(run_dir)
+    if says is None:
+        assert standing is None
+    else:
+        assert standing["run"] == str(run_dir) and standing["status"] == status and standing["sealed"] is sealed
+        assert standing["reason"].startswith(f"{run_dir}: {says}")

@@ -13,13 +13,14 @@ from kit.errors import BadInput
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("a")
 @click.argument("b")
-@click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/comparison/v1 document.")
+@click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/comparison/v2 document.")
 def command(a, b, as_json):
     """Compare two arms (names or files) or two run directories.
 
     Every differing field of stack and arm (for runs: also observed identity, image, topology and
-    workload) is classified as a declared factor or uncontrolled. Exit 0 when only declared factors
-    differ, 1 otherwise, 2 for unreadable input.
+    workload) is classified as a declared factor or uncontrolled. Runs must have succeeded and been
+    sealed: an interrupted, failed, detached or unsealed run makes the comparison not controlled.
+    Exit 0 when only declared factors differ, 1 otherwise, 2 for unreadable input.
 
     \b
     Examples:
@@ -35,7 +36,7 @@ def command(a, b, as_json):
                 other = "B" if name == "A" else "A"
                 raise BadInput(f"argument {name} ({value}): {what}; {other} is a run directory, so {name} must be "
                                "one too (<workspace>/runs/<run-id>)")
-        from kit.evidence import compare_run_dirs  # runs: observed identities from the manifests
+        from kit.compare import compare_run_dirs  # runs: observed identities from the manifests
         result = compare_run_dirs(Path(a), Path(b))
     else:
         from kit.catalog import Catalog
@@ -52,6 +53,8 @@ def command(a, b, as_json):
         width = max((len(d.path) for d in result.differences), default=4)
         for d in result.differences:
             click.echo(f"  {d.status:<12} {d.path:<{width}}  {_short(d.a)}  ->  {_short(d.b)}")
+        for run in result.not_comparable:
+            click.echo(f"  not comparable: {run['reason']}")
         for note in result.notes:
             click.echo(f"note: {note}")
     if not result.controlled:
