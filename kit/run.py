@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from kit import evidence as E
-from kit.documents import schema_id, sha256_of_document, sha256_of_file
+from kit.documents import require_valid, schema_id, sha256_of_document, sha256_of_file
 from kit.errors import BadInput, CheckFailed, KitError
 from kit.gates import GATE_SET_VERSION, MISMATCH_KEY, RunEvidence, evaluate, mismatch_count, step_global_batch_size
 from kit.redact import Redactor, is_secret_name, redact_env
@@ -198,8 +198,12 @@ def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job
     }
 
 
+METRICS_RECORD_SCHEMA = schema_id("metrics-record")
+
+
 def metrics_lines(records) -> str:
-    """metrics.jsonl: one record a line; inf/nan (not JSON) become the strings "Infinity", "-Infinity", "NaN"."""
+    """metrics.jsonl: one metrics-record/v1 document a line, each validated; inf/nan (not JSON) become the
+    strings "Infinity", "-Infinity", "NaN"."""
     def clean(v):
         if isinstance(v, float) and not math.isfinite(v):
             return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
@@ -207,9 +211,16 @@ def metrics_lines(records) -> str:
             return {str(k): clean(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
             return [clean(x) for x in v]
+        if v is not None and not isinstance(v, (str, int, float, bool)):
+            return repr(v)       # other Python literals (sets, bytes, complex) have no JSON form
         return v
-    return "".join(json.dumps({"kind": r.kind, "step": r.step, "job_log_line": r.line_number, "payload": clean(r.payload)},
-                              sort_keys=True) + "\n" for r in records)
+    out = []
+    for number, r in enumerate(records, start=1):
+        doc = {"schema": METRICS_RECORD_SCHEMA, "kind": r.kind, "step": r.step, "job_log_line": r.line_number,
+               "payload": clean(r.payload)}
+        require_valid(doc, f"{E.METRICS} line {number}", METRICS_RECORD_SCHEMA)
+        out.append(json.dumps(doc, sort_keys=True, allow_nan=False) + "\n")
+    return "".join(out)
 
 
 def header_line(run_id: str, arm: str, stack_sha256: str, image_id: str | None, manifest_sha256: str, runtime: str) -> str:

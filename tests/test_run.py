@@ -257,3 +257,74 @@ def test_attach_refuses_a_run_that_was_not_detached(tmp_path):
     assert proc.returncode == 130
     attached = kit("run", "--attach", str(run_dir))
     assert attached.returncode == 2 and "interrupted" in attached.stderr and "detached" in attached.stderr
+
+
+# --- metrics.jsonl lines and comparisons of runs that did not complete -------------------------------------
+
+def test_every_metrics_line_is_a_valid_metrics_record(strict_run):
+    run_dir, _ = strict_run
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert lines
+    for number, line in enumerate(lines, start=1):
+        doc = json.loads(line)
+        assert schema_problems(doc, "metrics-record") == [], (number, line)
+    log = (run_dir / "run.log").read_text().splitlines()[1:]            # the job's own lines, after the header
+    first = json.loads(lines[0])
+    assert f"{first['kind']} {first['step']}:" in log[first["job_log_line"] - 1]
+
+
+def test_metrics_lines_are_validated_as_they_are_written():
+    from kit.errors import BadInput
+    from kit.run import metrics_lines
+    from kit.vime.records import Record, parse_records
+
+    records = list(parse_records(["(pid=1) step 0: {'train/loss': nan, 'train/x': -inf, 'train/ids': {1, 2}}"]))
+    (line,) = metrics_lines(records).splitlines()
+    doc = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert schema_problems(doc, "metrics-record") == []
+    assert doc["payload"] == {"train/loss": "NaN", "train/x": "-Infinity", "train/ids": "{1, 2}"}
+    with pytest.raises(BadInput, match=r"metrics\.jsonl line 2: /kind: 'stp' is not one of"):
+        metrics_lines([records[0], Record("stp", 1, {"train/loss": 1.0}, 2)])
+
+
+def _interrupted(workspace, run_id: str):
+    env = dict(os.environ, KIT_WORKSPACE=str(workspace))
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--arm", "smoke", "--rollouts", "40", "--run-id", run_id,
+                             "--allow-dirty"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = workspace / "runs" / run_id
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not ((run_dir / "run.log").exists() and "step 0:" in (run_dir / "run.log").read_text()):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    return run_dir
+
+
+def test_compare_with_a_run_that_did_not_complete_is_not_controlled(strict_run, workspace, tmp_path):
+    sealed = strict_run[0]
+    stopped = _interrupted(workspace, "stopped-1")
+    cmp = kit("compare", "--json", str(sealed), str(stopped))
+    assert cmp.returncode == 1, cmp.stdout + cmp.stderr
+    doc = json.loads(cmp.stdout)
+    assert schema_problems(doc, "comparison") == [] and doc["schema"] == "rlk-kit/comparison/v2"
+    assert not doc["controlled"] and [d["path"] for d in doc["differences"]] == ["workload.rollouts"]
+    assert [(n["run"], n["status"], n["sealed"]) for n in doc["not_comparable"]] == [(str(stopped), "interrupted", False)]
+    # nothing differs between the interrupted run and a copy of it: only their standing makes the pair uncontrolled
+    twin = tmp_path / "stopped-twin"
+    shutil.copytree(stopped, twin)
+    shown = kit("compare", str(stopped), str(twin))
+    assert shown.returncode == 1 and "NOT a controlled comparison" in shown.stdout, shown.stdout + shown.stderr
+    assert f"not comparable: {stopped}: status interrupted, not sealed" in shown.stdout
+    assert f"not comparable: {twin}: status interrupted, not sealed" in shown.stdout
+
+    # a run that succeeded but whose seal is gone is no evidence either
+    unsealed = tmp_path / "unsealed"
+    shutil.copytree(sealed, unsealed)
+    (unsealed / "seal.json").unlink()
+    cmp = kit("compare", "--json", str(sealed), str(unsealed))
+    assert cmp.returncode == 1
+    (entry,) = json.loads(cmp.stdout)["not_comparable"]
+    assert entry["status"] == "succeeded" and not entry["sealed"] and "not sealed" in entry["reason"]
+    # two sealed runs of the same arm stay a controlled pair
+    assert kit("compare", str(sealed), str(sealed)).returncode == 0
