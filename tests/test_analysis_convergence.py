@@ -110,3 +110,49 @@ def test_repeated_run_id_is_refused(tmp_path):
                                       "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "appears twice" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def _validation_report(arm_name: str, engine_lines: list[str]) -> dict:
+    """validation.json as kit run writes it: the real gate table applied to the engine's lines."""
+    from kit.catalog import Catalog
+    from kit.gates import RunEvidence, evaluate
+
+    arm = Catalog.default().arm(arm_name).document
+    report = evaluate(RunEvidence(arm=arm, job_status="SUCCEEDED", engine_lines=engine_lines), run_id="r1")
+    assert schema_problems(report, "validation-report") == []
+    return report
+
+
+def _engine_echo(arm_name: str) -> list[str]:
+    from kit.catalog import Catalog
+
+    sizes = Catalog.default().arm(arm_name).document["graph"]["capture_sizes"]
+    return [f"INFO engine config: cudagraph_mode=<CUDAGraphMode.FULL_DECODE_ONLY: 2>, enforce_eager=False, "
+            f"'cudagraph_capture_sizes': {sorted(sizes)}"]
+
+
+@pytest.mark.parametrize("arm,lines,expected", [
+    ("G11", _engine_echo("G11"), "True"),      # the gate passed
+    ("G11", [], "False"),                      # the gate failed: no engine echo of graphs
+    ("smoke", [], ""),                         # not applicable: unknown, not False
+])
+def test_cudagraph_passed_comes_from_the_kits_cuda_graph_gate(tmp_path, arm, lines, expected):
+    run = smoke_run(tmp_path, "r1", "native", synthetic_rows(3, seed=1), gbs=4)
+    (run / "run-validation.json").unlink()
+    report = _validation_report(arm, lines)
+    status = next(g["status"] for g in report["gates"] if g["id"] == "cuda-graph-engine")
+    assert status == {"True": "passed", "False": "failed", "": "not_applicable"}[expected]
+    (run / "validation.json").write_text(json.dumps(report))
+    result = CliRunner().invoke(cli, ["analyze", "convergence", str(run), "--out", str(tmp_path / "o"), "--no-figures"])
+    assert result.exit_code == 0, result.output
+    _, rows = read_csv(tmp_path / "o" / "runs.csv")
+    assert rows[0]["cudagraph_passed"] == expected
+    assert rows[0]["validation_passed"] == str(report["passed"])
+
+
+def test_cudagraph_passed_reads_the_older_validator_layout(tmp_path):
+    run = smoke_run(tmp_path, "r1", "native", synthetic_rows(3, seed=1), gbs=4)
+    (run / "run-validation.json").write_text(json.dumps({"passed": True, "cudagraph": {"passed": False}}))
+    result = CliRunner().invoke(cli, ["analyze", "convergence", str(run), "--out", str(tmp_path / "o"), "--no-figures"])
+    assert result.exit_code == 0, result.output
+    assert read_csv(tmp_path / "o" / "runs.csv")[1][0]["cudagraph_passed"] == "False"

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from fixtures_vime_logs import synthetic_rows, write_log
+from test_analysis_comparability import make_run as sealed_run
 from kit.analysis.comparability import assess
 from kit.analysis.perf import analyze_perf, step_rows
 from kit.analysis.stats import Resampler, ols, t_quantile
@@ -68,6 +69,35 @@ def test_pairing_is_automatic_and_forced(tmp_path):
     assert method(analyze_perf([a, short], draws=500)) == "unpaired"
     with pytest.raises(Exception, match="--paired needs every arm to have the same step indices"):
         analyze_perf([a, short], pairing="paired")
+
+
+@pytest.mark.parametrize("pairing", ["auto", "paired"])
+def test_a_subset_whose_steps_differ_between_arms_is_compared_unpaired(tmp_path, pairing):
+    a = load_arm(run_dir(tmp_path, "a", synthetic_rows(40, seed=1)))
+    b = load_arm(run_dir(tmp_path, "b", synthetic_rows(40, seed=2, slowdown=1.3)))
+    doc = analyze_perf([a, b], draws=500, pairing=pairing).summary
+    steps = {n: [r["step"] for r in step_rows(arm) if r["fully_truncated"]] for n, arm in (("a", a), ("b", b))}
+    assert steps["a"] != steps["b"] and set(steps["a"]) & set(steps["b"])  # same run steps, different subset
+    assert doc["subsets"]["all"]["comparisons"][0]["bootstrap_method"] == "paired"
+    assert doc["settings"]["pairing_used"] == "paired"
+    comparison = doc["subsets"]["fully_truncated"]["comparisons"][0]
+    assert comparison["bootstrap_method"] == "unpaired" and comparison["paired_steps"] is None
+    assert "differ" in comparison["pairing_reason"]
+    step = comparison["metrics"]["step_time_s"]
+    # the CI is about the number reported next to it: every step of the subset in each arm
+    assert step["bootstrap"]["n"] == [len(steps["a"]), len(steps["b"])]
+    assert step["bootstrap"]["estimate"] == step["difference"]
+    assert step["bootstrap"]["ci95_low"] < step["difference"] < step["bootstrap"]["ci95_high"]
+
+
+def test_a_subset_with_the_same_steps_in_both_arms_stays_paired(tmp_path):
+    # the same lengths (same rng stream), slower timings: both arms truncate at the same steps
+    a = load_arm(run_dir(tmp_path, "a", synthetic_rows(40, seed=1)))
+    b = load_arm(run_dir(tmp_path, "b", synthetic_rows(40, seed=1, slowdown=1.3)))
+    comparison = analyze_perf([a, b], draws=500).summary["subsets"]["fully_truncated"]["comparisons"][0]
+    n = sum(1 for r in step_rows(a) if r["fully_truncated"])
+    assert comparison["bootstrap_method"] == "paired" and comparison["paired_steps"] == n
+    assert comparison["metrics"]["step_time_s"]["bootstrap"]["n"] == [n]
 
 
 def test_bootstrap_is_seeded_and_brackets_the_estimate():
@@ -129,15 +159,16 @@ class _Result:
 
 
 def test_comparability_needs_manifests_for_every_arm(tmp_path):
-    with_manifest = load_arm(run_dir(tmp_path, "a", synthetic_rows(3)))
+    with_manifest = load_arm(sealed_run(tmp_path, "native", "a", synthetic_rows(3)))
     bare = load_arm(write_log(tmp_path / "b.log", synthetic_rows(3)))
     verdict = assess([with_manifest, bare], compare=lambda m1, m2: _Result(True, []))
-    assert not verdict.controlled and "b has no run manifest" in verdict.pairs[0].reasons[0]
+    assert not verdict.controlled
+    assert verdict.pairs[0].reasons == ("b has no run manifest and no seal (bare log): its software identity is unknown",)
 
 
 def test_comparability_follows_the_compare_result(tmp_path):
-    a = load_arm(run_dir(tmp_path, "a", synthetic_rows(3)))
-    b = load_arm(run_dir(tmp_path, "b", synthetic_rows(3)))
+    a = load_arm(sealed_run(tmp_path, "native", "a", synthetic_rows(3)))
+    b = load_arm(sealed_run(tmp_path, "consistency", "b", synthetic_rows(3)))
     seen = []
     yes = assess([a, b], compare=lambda m1, m2: seen.append((m1["run_id"], m2["run_id"])) or _Result(True, []))
     assert yes.controlled and yes.label == "controlled comparison" and seen == [("a", "b")]

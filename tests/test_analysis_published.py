@@ -95,3 +95,20 @@ def test_paired_bootstrap_over_shared_steps(outputs):
     boot = outputs["perf"]["subsets"]["all"]["comparisons"][0]["metrics"]["step_time_s"]["bootstrap"]
     assert boot["method"] == "paired" and boot["draws"] == 20_000 and boot["n"] == [200]
     assert boot["ci95_low"] < PUBLISHED["G11"]["step_time_mean"] - PUBLISHED["G10"]["step_time_mean"] < boot["ci95_high"]
+
+
+def test_fully_truncated_subset_is_unpaired_over_all_its_steps(outputs):
+    # 87 and 82 fully truncated steps, 78 of them shared: a paired CI would describe 78-step pairs,
+    # not the difference of the two subset means reported beside it
+    comparison = outputs["perf"]["subsets"]["fully_truncated"]["comparisons"][0]
+    assert comparison["bootstrap_method"] == "unpaired" and comparison["paired_steps"] is None
+    step = comparison["metrics"]["step_time_s"]
+    assert step["bootstrap"]["method"] == "unpaired" and step["bootstrap"]["n"] == [87, 82]
+    assert step["bootstrap"]["estimate"] == step["difference"]
+    assert step["bootstrap"]["ci95_low"] < step["difference"] < step["bootstrap"]["ci95_high"]
+
+
+def test_length_controlled_gap_is_labelled_descriptive(outputs):
+    for fit in outputs["perf"]["regressions"]:
+        (gap,) = [c for c in fit["coefficients"] if c["name"] == "arm[G11]"]
+        assert (gap["label"], gap["controlled"]) == ("descriptive, not causal", False)

@@ -1,9 +1,11 @@
 """Is a set of runs a controlled comparison? Only the run manifests can say so.
 
-For every arm against the reference (the first arm), both runs need a ``manifest.json`` and
-``kit.compare.compare_run_manifests(a, b)`` must report ``.controlled``. A bare log, a missing
-comparison function or any uncontrolled difference makes the pair NOT controlled, with the reason;
-then every number that compares the arms is labelled descriptive, not causal. Example::
+For every arm against the reference (the first arm), both runs need a ``manifest.json`` in a run
+dir that verifies (sealed, every artifact unchanged, gates passed, manifest valid: what
+``kit verify`` checks), and ``kit.compare.compare_run_manifests(a, b)`` must report ``.controlled``.
+A bare log, a run dir that fails verification, a missing comparison function or any uncontrolled
+difference makes the pair NOT controlled, with the reason; then every number that compares the arms
+is labelled descriptive, not causal. Example::
 
     verdict = assess(arms)
     verdict.controlled          # False for bare logs
@@ -13,7 +15,7 @@ then every number that compares the arms is labelled descriptive, not causal. Ex
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 CONTROLLED_LABEL = "controlled comparison"
 DESCRIPTIVE_LABEL = "descriptive, not causal"
@@ -57,7 +59,7 @@ class Comparability:
             return "single arm: no comparison"
         if self.controlled:
             return "controlled comparison (kit compare: only declared factors differ)"
-        reasons = "; ".join(r for p in self.pairs for r in p.reasons[:2])
+        reasons = "; ".join(dict.fromkeys(r for p in self.pairs for r in p.reasons))
         return f"NOT a controlled comparison: differences are {DESCRIPTIVE_LABEL} ({reasons})"
 
     def to_json(self) -> dict:
@@ -73,33 +75,58 @@ def _default_compare() -> tuple[Callable | None, str | None]:
     return compare_run_manifests, None
 
 
-def assess_pair(reference, other, compare: Callable | None = None) -> PairVerdict:
-    """Verdict for two ArmLogs (anything with ``.name`` and ``.manifest``)."""
-    bare = [a.name for a in (reference, other) if a.manifest is None]
-    if bare:
-        return PairVerdict(reference.name, other.name, False,
-                           tuple(f"{n} has no run manifest (bare log): its software identity is unknown"
-                                 for n in bare), ())
+def run_reasons(arm, who: str | None = None, shown: int = 3) -> tuple[str, ...]:
+    """Why one run cannot vouch for its side of a comparison: no manifest, or a run dir that fails
+    verification (``arm.evidence_problems``); empty for a run dir that verifies. ``who`` names the
+    run in the reason (default: its arm name)."""
+    who = who or arm.name
+    if arm.manifest is None:
+        return (f"{who} has no run manifest and no seal (bare log): its software identity is unknown",)
+    problems = tuple(getattr(arm, "evidence_problems", ()) or ())
+    if not problems:
+        return ()
+    listed = "; ".join(problems[:shown]) + (f"; and {len(problems) - shown} more" if len(problems) > shown else "")
+    return (f"{who}: kit verify {arm.run_dir} fails ({listed}): its manifest is not evidence",)
+
+
+def assess_pair(reference, other, compare: Callable | None = None, pooled: Sequence = ()) -> PairVerdict:
+    """Verdict for two ArmLogs (anything with ``.name``, ``.manifest`` and ``.evidence_problems``).
+
+    ``pooled`` are further runs summarised under either name (convergence): their evidence counts too."""
+    reasons = [*run_reasons(reference), *run_reasons(other)]
+    for run in pooled:  # runs that share a name are told apart by where they were read from
+        reasons += run_reasons(run, f"{run.name} (pooled run {run.run_dir or run.log_path})")
+    evidence = tuple(dict.fromkeys(reasons))
+    if reference.manifest is None or other.manifest is None:
+        return PairVerdict(reference.name, other.name, False, evidence, ())
     problem = None
     if compare is None:
         compare, problem = _default_compare()
     if compare is None:
-        return PairVerdict(reference.name, other.name, False, (problem,), ())
+        return PairVerdict(reference.name, other.name, False, (problem,) + evidence, ())
     try:
         result = compare(reference.manifest, other.manifest)
     except Exception as exc:  # a manifest the comparison cannot read is not evidence of control
         return PairVerdict(reference.name, other.name, False,
-                           (f"kit compare could not compare the manifests ({type(exc).__name__}: {exc})",), ())
+                           (f"kit compare could not compare the manifests ({type(exc).__name__}: {exc})",) + evidence,
+                           ())
     paths = tuple(str(getattr(d, "path", d)) for d in getattr(result, "uncontrolled", ()) or ())
     if bool(getattr(result, "controlled", False)) and not paths:
-        return PairVerdict(reference.name, other.name, True, (), ())
+        return PairVerdict(reference.name, other.name, not evidence, evidence, ())
     shown = ", ".join(paths[:6]) + (f" and {len(paths) - 6} more" if len(paths) > 6 else "")
     reason = f"uncontrolled differences: {shown}" if paths else "kit compare reports the runs as not controlled"
-    return PairVerdict(reference.name, other.name, False, (reason,), paths)
+    # what kit compare says first, then what the runs' evidence cannot vouch for
+    return PairVerdict(reference.name, other.name, False, (reason,) + evidence, paths)
 
 
-def assess(arms: Sequence, compare: Callable | None = None) -> Comparability:
-    """Each arm after the first against the first; one arm gives a non-applicable verdict."""
+def assess(arms: Sequence, compare: Callable | None = None, pooled: Mapping[str, Sequence] | None = None) -> Comparability:
+    """Each arm after the first against the first; one arm gives a non-applicable verdict.
+
+    ``pooled`` maps an arm name to the other runs summarised under that name (kit analyze convergence)."""
     if len(arms) < 2:
         return Comparability(())
-    return Comparability(tuple(assess_pair(arms[0], other, compare) for other in arms[1:]))
+    pooled = pooled or {}
+    ref = arms[0]
+    return Comparability(tuple(
+        assess_pair(ref, other, compare, (*pooled.get(ref.name, ()), *pooled.get(other.name, ())))
+        for other in arms[1:]))

@@ -1,7 +1,8 @@
 """Convergence tables: runs.csv, rounds.csv (the 29 columns of the published bundle) and per-arm summaries.
 
 VIME prints the train/rollout mismatch count and the compared-token count as per-sample means, so
-the totals of a step are those means × the global batch size. Example::
+the totals of a step are those means × the global batch size. Runs that share an arm name are
+pooled into one group only when their manifests agree on everything but the seeds. Example::
 
     report = analyze_convergence(load_arms([Path("runs/g10"), Path("runs/g11")]))
     report.summary["summaries"][0]["bitwise_mismatch_rate"]
@@ -50,6 +51,11 @@ ROUND_KEYS = {
     "actor_train_tflops": ("perf/actor_train_tflops",),
 }
 PER_SAMPLE_MEANS = ("mismatch_count", "active_token_count")  # × global batch size
+# what may differ between runs pooled under one name (kit compare paths)
+POOLED_MAY_DIFFER = ("workload.seed", "workload.rollout_seed")
+# the kit's validation.json gate for CUDA graphs; older reports carried {"cudagraph": {"passed": bool}}
+CUDA_GRAPH_GATE = "cuda-graph-engine"
+GATE_PASSED = {"passed": True, "failed": False}  # not_applicable and anything else: unknown
 SUMMARY_FIELDS = (
     "phase", "group", "run_count", "round_count", "active_token_exposure", "bitwise_mismatch_count",
     "bitwise_mismatch_rate", "mean_abs_dlogp_token_weighted", "max_abs_dlogp", "reward_mean", "raw_reward_mean",
@@ -100,6 +106,15 @@ def _validation(arm) -> dict | None:
     return None
 
 
+def _cudagraph_passed(validation: dict) -> bool | None:
+    gates = validation.get("gates")
+    if isinstance(gates, list):
+        for gate in gates:
+            if isinstance(gate, dict) and gate.get("id") == CUDA_GRAPH_GATE:
+                return GATE_PASSED.get(gate.get("status"))
+    return _lookup(validation, "cudagraph", "passed")
+
+
 @dataclass(frozen=True)
 class ConvergenceReport:
     runs: tuple[dict, ...]
@@ -113,7 +128,7 @@ def run_identity(arm, phase: str | None = None) -> dict:
     workload = manifest_workload(manifest) if manifest else {}
     base = arm.run_dir if arm.run_dir else arm.log_path
     validation = _validation(arm) or {}
-    cudagraph = _lookup(validation, "cudagraph", "passed")
+    cudagraph = _cudagraph_passed(validation)
     return {
         "phase": phase if phase is not None else base.resolve().parent.name,
         "run_id": manifest.get("run_id") or (arm.run_dir.name if arm.run_dir else arm.log_path.stem),
@@ -199,13 +214,21 @@ def analyze_convergence(arms, phase: str | None = None, compare=None) -> Converg
             raise BadInput(f"run id {r['run_id']!r} appears twice in phase {r['phase']!r}; each run is read once")
         seen[key] = True
     groups: dict = {}
-    for r in runs:
-        groups.setdefault((r["phase"], r["group"]), []).append(r["run_id"])
+    for r, arm in zip(runs, arms):
+        groups.setdefault((r["phase"], r["group"]), []).append(arm)
+    for (_, group), members in groups.items():
+        for other in members[1:]:
+            _refuse_unlike_pool(group, members[0], other)
     summaries = []
-    for (ph, group), run_ids in groups.items():
+    for (ph, group), members in groups.items():
         rows = [r for r in rounds if r["phase"] == ph and r["group"] == group]
-        summaries.append(summarize(rows, ph, group, len(run_ids)))
-    verdict = assess(_one_per_group(arms), compare)
+        summaries.append(summarize(rows, ph, group, len(members)))
+    firsts = _one_per_group(arms)
+    pooled: dict = {}
+    for a in arms:
+        if not any(a is f for f in firsts):
+            pooled.setdefault(a.name, []).append(a)
+    verdict = assess(firsts, compare, pooled)
     from kit import __version__
 
     summary = {
@@ -221,6 +244,44 @@ def analyze_convergence(arms, phase: str | None = None, compare=None) -> Converg
         "summaries": summaries,
     }
     return ConvergenceReport(tuple(runs), tuple(rounds), summary)
+
+
+def pooled_differences(first, other) -> list[tuple[str, object, object]]:
+    """(path, first's value, other's value) wherever two runs of one group differ, seeds aside.
+
+    kit compare's run view is used (arm, stack content, image, observed identity, volatile fields
+    removed); a manifest it cannot read (no stack) is compared by its arm document alone."""
+    from kit.compare import ARM_FIELDS_NOT_COMPARED, classify, compare_run_manifests, flatten
+
+    try:
+        diffs = compare_run_manifests(first.manifest, other.manifest).differences
+    except Exception:  # not a kit run manifest: what it says of the arm is all there is to compare
+        def view(m):
+            return flatten({k: v for k, v in manifest_arm(m).items() if k not in ARM_FIELDS_NOT_COMPARED})
+        diffs = classify(view(first.manifest), view(other.manifest), ())
+    return [(d.path, d.a, d.b) for d in diffs if d.path not in POOLED_MAY_DIFFER]
+
+
+def _refuse_unlike_pool(group: str, first, other) -> None:
+    # Runs of one name are summarised as one arm: an R/R run pooled with a P/P run would make a
+    # group that is neither. Bare logs cannot be checked; the verdict names them instead.
+    from kit.errors import BadInput
+
+    if first.manifest is None or other.manifest is None:
+        return
+    diffs = pooled_differences(first, other)
+    if not diffs:
+        return
+    shown = ", ".join(f"{p} ({_short(a)} vs {_short(b)})" for p, a, b in diffs[:6]) + \
+        (f" and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+    raise BadInput(f"group {group!r} pools {first.run_dir or first.log_path} and {other.run_dir or other.log_path}, "
+                   f"which differ in {shown}; runs under one name must be the same arm apart from "
+                   f"{' and '.join(POOLED_MAY_DIFFER)} (give them different --name values)")
+
+
+def _short(value, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _one_per_group(arms):

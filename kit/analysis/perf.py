@@ -142,6 +142,8 @@ def missing_keys(rows) -> list[str]:
     return sorted(key for col, key in SOURCE_KEYS.items() if all(r[col] is None for r in rows))
 
 
+SCHEMA = "rlk-kit/analysis-perf/v2"
+
 SUBSETS = {
     "all": (lambda r: True, "every step"),
     "steady": (lambda r: r["steady"], "steps >= steady_from (warm-up excluded)"),
@@ -153,7 +155,7 @@ SUBSETS = {
 @dataclass(frozen=True)
 class PerfReport:
     rows: tuple[dict, ...]          # step-metrics.csv rows, arms stacked in the order given
-    summary: dict                   # summary.json (schema rlk-kit/analysis-perf/v1)
+    summary: dict                   # summary.json (schema SCHEMA)
     summary_rows: tuple[dict, ...]  # summary.csv rows
     comparability: Comparability
     arm_names: tuple[str, ...]
@@ -168,7 +170,12 @@ SUMMARY_CSV_COLUMNS = (
 
 def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: int = BOOTSTRAP_DRAWS,
                  seed: int = BOOTSTRAP_SEED, compare=None) -> PerfReport:
-    """Everything ``kit analyze perf`` reports, as data. ``pairing`` is auto, paired or unpaired."""
+    """Everything ``kit analyze perf`` reports, as data. ``pairing`` is auto, paired or unpaired.
+
+    Pairing is decided per subset and pair of arms: paired only when both arms have the subset's
+    steps at the same indices (a subset such as fully_truncated can hold different steps per arm even
+    when the runs share every step index); ``--paired`` additionally requires the runs to share them.
+    """
     names = [a.name for a in arms]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -181,7 +188,6 @@ def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: in
         steps = "; ".join(f"{a.name}: {len(a.step_indices)} steps {a.step_indices[0]}..{a.step_indices[-1]}"
                           for a in arms)
         raise BadInput(f"--paired needs every arm to have the same step indices ({steps}); use --unpaired")
-    paired = pairing == "paired" or (pairing == "auto" and shared)
     verdict = assess(arms, compare)
     resampler = Resampler(draws, seed)
 
@@ -196,7 +202,7 @@ def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: in
             block["arms"][name] = {"steps": len(rows), "metrics": stats[name]}
         ref = names[0]
         for other in names[1:]:
-            block["comparisons"].append(_compare(ref, other, chosen, stats, paired, resampler, verdict))
+            block["comparisons"].append(_compare(ref, other, chosen, stats, pairing, resampler, verdict))
         subsets[subset] = block
         comparisons = {c["other"]: c for c in block["comparisons"]}
         for name in names:
@@ -224,13 +230,16 @@ def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: in
         for r in per_arm[name]:
             r["comparison"] = label
     all_rows = [r for n in names for r in per_arm[n]]
+    methods = {c["bootstrap_method"] for c in subsets["all"]["comparisons"]} or \
+        {"unpaired" if pairing == "unpaired" else "paired"}  # one arm: what its steps would allow
     summary = {
-        "schema": "rlk-kit/analysis-perf/v1",
+        "schema": SCHEMA,
         "kit_version": _kit_version(),
         "arms": [_arm_json(a, per_arm[a.name]) for a in arms],
         "comparison": verdict.to_json(),
         "settings": {"steady_from": steady_from, "pairing_requested": pairing,
-                     "pairing_used": "paired" if paired else "unpaired",
+                     # the all-steps subset's; each subset's comparisons[] say their own
+                     "pairing_used": "paired" if methods == {"paired"} else "unpaired",
                      "bootstrap": {"draws": draws, "seed": seed, "statistic": "mean(arm) - mean(reference)",
                                    "interval": "percentile 2.5/97.5"}},
         "stages": [{"id": s, "label": lbl, "column": col, "formula": f} for s, lbl, col, f in STAGES],
@@ -238,7 +247,7 @@ def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: in
         "stage_contributions": _stage_contributions(names, subsets["all"], verdict),
         "throughput": _pooled_throughput(names, per_arm),
         "speedups": _speedups(names, subsets["all"], verdict),
-        "regressions": _regressions(names, all_rows),
+        "regressions": _regressions(names, all_rows, verdict),
     }
     return PerfReport(tuple(all_rows), summary, tuple(summary_rows), verdict, tuple(names))
 
@@ -257,29 +266,43 @@ def _arm_json(arm, rows) -> dict:
         "max_response_len": arm.max_response_len,
         "fully_truncated_steps": sum(1 for r in rows if r["fully_truncated"] is True),
         "missing_log_keys": missing_keys(rows), "notes": list(arm.notes),
+        "verification": _verification(arm),
     }
 
 
-def _compare(ref, other, chosen, stats, paired, resampler, verdict) -> dict:
+def _verification(arm) -> dict:
+    # a bare log has nothing to verify; a run dir is verified as kit verify does (table._evidence_problems)
+    if arm.manifest is None:
+        return {"status": "bare log", "problems": []}
+    problems = list(arm.evidence_problems)
+    return {"status": "failed" if problems else "verified", "problems": problems}
+
+
+def _compare(ref, other, chosen, stats, pairing, resampler, verdict) -> dict:
     label = _label(verdict, other)
     ref_rows, other_rows = chosen[ref], chosen[other]
-    if paired:
-        # align by step: only steps present (in this subset) for both arms
-        common = sorted({r["step"] for r in ref_rows} & {r["step"] for r in other_rows})
-        ref_by, other_by = {r["step"]: r for r in ref_rows}, {r["step"]: r for r in other_rows}
+    ref_steps, other_steps = [r["step"] for r in ref_rows], [r["step"] for r in other_rows]
+    # Pair only when this subset holds the same steps in both arms: pairing over the common steps
+    # would estimate the difference on a sample other than the one the means describe.
+    if pairing == "unpaired":
+        paired, why = False, "unpaired requested"
+    elif ref_steps == other_steps:
+        paired, why = True, f"both arms have the same {len(ref_steps)} step indices in this subset"
+    else:
+        common = len(set(ref_steps) & set(other_steps))
+        paired, why = False, (f"the arms' steps in this subset differ ({len(ref_steps)} and {len(other_steps)} "
+                              f"steps, {common} in common)")
     metrics = {}
     for col in COMPARED:
         a_mean, b_mean = stats[ref][col]["mean"], stats[other][col]["mean"]
         if a_mean is None or b_mean is None:
             continue
-        if paired:
-            boot = resampler.paired([ref_by[s][col] for s in common], [other_by[s][col] for s in common])
-        else:
-            boot = resampler.unpaired([r[col] for r in ref_rows], [r[col] for r in other_rows])
+        a_vals, b_vals = [r[col] for r in ref_rows], [r[col] for r in other_rows]
+        boot = resampler.paired(a_vals, b_vals) if paired else resampler.unpaired(a_vals, b_vals)
         metrics[col] = {"reference_mean": a_mean, "other_mean": b_mean, "difference": b_mean - a_mean,
                         "reference_over_other": _div(a_mean, b_mean), "bootstrap": boot}
     return {"reference": ref, "other": other, "label": label, "bootstrap_method": "paired" if paired else "unpaired",
-            "paired_steps": len(common) if paired else None, "metrics": metrics}
+            "paired_steps": len(ref_steps) if paired else None, "pairing_reason": why, "metrics": metrics}
 
 
 def _row_label(verdict, name, names) -> str:
@@ -356,10 +379,11 @@ MODELS = (
 )
 
 
-def _regressions(names, rows) -> list[dict]:
+def _regressions(names, rows, verdict) -> list[dict]:
     """OLS of a stage time on tokens (in thousands) with one indicator per non-reference arm.
 
-    The arm coefficient is the length-controlled gap: the time difference at equal tokens.
+    The arm coefficient is the length-controlled gap: the time difference at equal tokens. Like every
+    other arm difference it carries its pair's label.
     """
     out = []
     for response, token_col, token_name in MODELS:
@@ -372,5 +396,10 @@ def _regressions(names, rows) -> list[dict]:
         doc = fit.to_json()
         doc["model"] = f"{response} ~ 1 + {token_name}" + "".join(f" + arm[{o}]" for o in names[1:])
         doc["reference_arm"] = names[0]
+        for coefficient in doc["coefficients"]:
+            other = coefficient["name"][4:-1] if coefficient["name"].startswith("arm[") else None
+            if other in names[1:]:
+                pair = verdict.pair(other)
+                coefficient.update(label=_label(verdict, other), controlled=pair is not None and pair.controlled)
         out.append(doc)
     return out

@@ -115,7 +115,7 @@ def perf_figures(report, out_dir: Path) -> list[str]:
         ax.set_ylabel(ylabel)
         if fit and len(arms) > 1:
             gaps = ", ".join(f"{c['name']}: {c['estimate']:+.2f} s [{c['ci95_low']:+.2f}, {c['ci95_high']:+.2f}]"
-                             for c in fit["coefficients"][2:])
+                             f" ({c['label']})" for c in fit["coefficients"][2:])
             ax.set_title(f"OLS, common slope; gap at equal tokens {gaps}", fontsize=8)
         ax.legend(fontsize=7)
     written += _save(fig, out_dir, "length-controlled-scaling", subtitle)

@@ -1,9 +1,11 @@
 """One reader for runs: a run directory or a bare VIME log becomes an :class:`ArmLog`.
 
 A run directory holds ``run.log`` and, when the kit wrote it, ``manifest.json`` (arm name, global
-batch size, maximum response length, seeds). A bare log file stands alone: the arm name is the file
-stem unless ``name`` overrides it, and the global batch size comes from ``train/global_batch_size``
-in the step records. Example::
+batch size, maximum response length, seeds) and ``seal.json``. A run directory with a manifest is
+verified as ``kit verify`` does (seal, hashes, gates, manifest schema); what fails is kept in
+``evidence_problems``, and such a run cannot be one side of a controlled comparison. A bare log
+file stands alone: the arm name is the file stem unless ``name`` overrides it, and the global batch
+size comes from ``train/global_batch_size`` in the step records. Example::
 
     arm = load_arm(Path("runs/g10-s1234"))          # run dir
     arm = load_arm(Path("G11.log"), name="strict")  # bare log
@@ -49,6 +51,9 @@ class ArmLog:
     notes: tuple[str, ...] = field(default=())
     # record lines whose dict does not parse: skipped, and reported in notes and on stderr
     unparseable: tuple[UnparseableLine, ...] = field(default=())
+    # "<pointer>: <message>" per failed check of the run dir (seal, hashes, gates, manifest schema);
+    # empty for a run dir that verifies and for a bare log (which has no evidence to check)
+    evidence_problems: tuple[str, ...] = field(default=())
 
     def unparseable_messages(self) -> list[str]:
         """One ``<log>:<line>: ...`` message per skipped record line."""
@@ -165,8 +170,33 @@ def load_arm(path: Path | str, name: str | None = None, global_batch_size: int |
     if progress and per_step is None:
         notes.append(f"{len(progress)} finished 'Rollout generation' bars for {len(steps)} steps; "
                      "progress times not used")
+    evidence = _evidence_problems(run_dir, manifest) if run_dir is not None else ()
     return ArmLog(name, log_path, run_dir, manifest, gbs, origin, max_len, steps, per_step, tuple(notes),
-                  tuple(unparseable))
+                  tuple(unparseable), evidence)
+
+
+def _evidence_problems(run_dir: Path, manifest: dict | None) -> tuple[str, ...]:
+    """What ``kit verify RUN_DIR`` finds wrong, plus the manifest's schema problems.
+
+    verify_run_dir checks the manifest's schema only once the seal vouches for its bytes, so an
+    unsealed run's manifest is checked here as well: either way its fields are not evidence."""
+    from kit.documents import schema_problems
+    from kit.evidence import SEAL, verify_run_dir
+
+    if manifest is None and not (run_dir / SEAL).is_file():
+        return ()  # only a log: the bare-log reason says everything
+    try:
+        verdict = verify_run_dir(run_dir)
+        found = [f"{pointer or '/'}: {message}" for pointer, message in verdict.problems] \
+            if verdict.status != "ok" else []
+    except OSError as exc:  # an artifact that cannot be read cannot be vouched for
+        found = [f"{exc.filename or run_dir}: cannot read ({exc.strerror})"]
+    if manifest is not None:
+        for pointer, message in schema_problems(manifest, "run-manifest"):
+            line = f"/{MANIFEST}{pointer}: {message}"
+            if line not in found:
+                found.append(line)
+    return tuple(found)
 
 
 def _line_list(unparseable, shown: int = 10) -> str:

@@ -96,7 +96,9 @@ def _options(fn):
 @click.argument("runs", nargs=-1, required=True, metavar="RUN_OR_LOG...")
 @_options
 @click.option("--paired/--unpaired", "paired", default=None,
-              help="Force the bootstrap pairing; default: paired when all arms share step indices.")
+              help="Bootstrap pairing. Default: each subset is paired when both arms hold its steps at "
+                   "the same step indices, else unpaired; --paired also requires the runs to share step "
+                   "indices; --unpaired never pairs.")
 @click.option("--steady-from", type=click.IntRange(min=0), default=1, show_default=True,
               help="First step of the steady-state subset (steps >= K).")
 @click.option("--draws", type=click.IntRange(min=100), default=20_000, show_default=True, help="Bootstrap draws.")
@@ -106,7 +108,8 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
 
     \b
     The first input is the reference arm; others are compared with it.
-    Unless kit compare finds the run manifests a controlled comparison,
+    Unless both run dirs pass kit verify (seal, artifacts, gates, manifest
+    schema) and kit compare finds their manifests a controlled comparison,
     every difference is labelled "descriptive, not causal"; the column
     `comparison` of step-metrics.csv and summary.csv carries that label
     per arm ("reference" for the first arm, "single arm" alone).
@@ -115,7 +118,7 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
       kit analyze perf runs/g10 runs/g11 --out report/perf --unpaired
     """
     from kit.analysis.output import publish, refuse_existing, write_csv, write_json
-    from kit.analysis.perf import COLUMNS, SUMMARY_CSV_COLUMNS, analyze_perf
+    from kit.analysis.perf import COLUMNS, SCHEMA, SUMMARY_CSV_COLUMNS, analyze_perf
 
     files = PERF_FILES + (NOTES_FILE,) + _figure_files(PERF_FIGURES, figures)
     refuse_existing(out_dir, files)
@@ -126,7 +129,7 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
     def produce(tmp: Path) -> list[str]:
         written = [write_csv(tmp / "step-metrics.csv", COLUMNS, report.rows),
                    write_csv(tmp / "summary.csv", SUMMARY_CSV_COLUMNS, report.summary_rows),
-                   write_json(tmp / "summary.json", report.summary, "rlk-kit/analysis-perf/v1")]
+                   write_json(tmp / "summary.json", report.summary, SCHEMA)]
         written += _write_notes(tmp, _notes(arms, report.summary["comparison"]["headline"]))
         if figures:
             from kit.analysis.plots import perf_figures
@@ -185,7 +188,9 @@ def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase
     """runs.csv, rounds.csv (29 columns), per-arm summaries and convergence figures.
 
     \b
-    Several runs of one arm (same name) are summarised together.
+    Several runs of one arm (same name) are summarised together; they must
+    differ in nothing but workload.seed and workload.rollout_seed (exit 2
+    names the runs and the fields otherwise).
     Mismatch and active-token counts are VIME's per-sample means × the global batch size.
     \b
     Example:
