@@ -426,7 +426,7 @@ def write_in_toto(seal: dict, out: Path) -> Path:
     return write_new_document(out, in_toto_statement(seal), schema=IN_TOTO_SCHEMA)
 
 
-# --- comparison -----------------------------------------------------------------------------------------------
+# --- run manifests ----------------------------------------------------------------------------------------------
 
 def read_manifest(run_dir: Path) -> dict:
     path = Path(run_dir) / MANIFEST
@@ -438,23 +438,3 @@ def read_manifest(run_dir: Path) -> dict:
         pointer, message = problems[0]
         raise BadInput(f"{path}: {pointer or '/'}: {message}")
     return doc
-
-
-def compare_run_dirs(a: Path, b: Path):
-    """Declared-versus-uncontrolled classification of two runs (see kit.compare.compare_run_manifests)."""
-    from dataclasses import replace
-
-    from kit.compare import compare_run_manifests
-
-    def manifest_of(label: str, run_dir: Path) -> dict:
-        try:
-            return read_manifest(run_dir)
-        except BadInput as exc:
-            raise BadInput(f"argument {label}: {exc}") from None
-
-    result = compare_run_manifests(manifest_of("A", a), manifest_of("B", b))
-    notes = list(result.notes)
-    for run_dir in (a, b):
-        if not is_sealed(Path(run_dir)):
-            notes.append(f"{run_dir} is not sealed ({_status_of(Path(run_dir))}); its evidence is incomplete")
-    return replace(result, a=str(a), b=str(b), notes=tuple(notes))
