@@ -185,7 +185,10 @@ class RayJob:
 
     def _drain(self, emit: Callable[[str], None], final: bool = False) -> None:
         text = self.client.get_job_logs(self.submission_id)
-        if len(text) < self._seen:      # log restarted (should not happen); never re-emit
+        if len(text) < self._seen:
+            # The job log got shorter: Ray restarted it. Read it again from the start; any step record
+            # it repeats then fails the steps-once gate, which is right: the log no longer vouches
+            # that each step ran once.
             self._seen = 0
         new = text[self._seen:]
         self._seen = len(text)
