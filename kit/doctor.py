@@ -477,32 +477,10 @@ def check_prompt_data(ctx: Context) -> Check:
 
 
 def select_checkpoint(ws, arm: ArmSpec, platform: str | None = None) -> tuple[Path | None, dict | None, str]:
-    """The converted checkpoint this arm would use: ``(provenance path, document, how it was chosen)``.
+    """The converted checkpoint this arm would use (:func:`kit.prepare.select_checkpoint`)."""
+    from kit.prepare import select_checkpoint as select
 
-    Only checkpoints whose provenance names the arm's full stack sha256 qualify (the directory name
-    holds only 12 hex digits of it). Among several (other models, other platforms), the one of the
-    host's platform is preferred, then the most recently converted; the note says so. A provenance
-    that does not read is skipped here; ``(None, None, note)`` when none qualifies.
-    """
-    from kit.prepare import read_provenance
-
-    candidates = []
-    for path in sorted((ws.root / "checkpoints").glob("*.provenance.json")):
-        try:
-            doc = read_provenance(path, "checkpoint")
-        except BadInput:
-            continue
-        if doc["stack"]["sha256"] == arm.stack_sha256:
-            candidates.append((path, doc))
-    if not candidates:
-        return None, None, "none converted with this stack"
-    if platform is not None and any(d["platform"] == platform for _, d in candidates):
-        candidates = [(p, d) for p, d in candidates if d["platform"] == platform]
-    candidates.sort(key=lambda pd: (pd[1]["created_at"], pd[0].name))
-    path, doc = candidates[-1]
-    note = "" if len(candidates) == 1 else (f"; the newest of {len(candidates)} checkpoints of stack "
-                                            f"{arm.stack_name} for {doc['platform']}")
-    return path, doc, note
+    return select(ws, arm.stack_name, arm.stack_sha256, platform)
 
 
 def check_checkpoint(ctx: Context) -> Check:

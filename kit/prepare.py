@@ -658,3 +658,32 @@ def _run_in_image(image, command: list[str], workspace: Path, model_dir: Path, p
         container.remove(force=True)
     if status != 0:
         raise CheckFailed(f"checkpoint conversion exited with {status}; last lines:\n" + "\n".join(tail))
+
+
+def select_checkpoint(ws, stack_name: str, stack_sha256: str,
+                      platform: str | None = None) -> tuple[Path | None, dict | None, str]:
+    """The converted checkpoint an arm of this stack uses (kit run's default, doctor's check):
+    ``(provenance path, document, how it was chosen)``.
+
+    Only checkpoints whose provenance names the arm's full stack sha256 qualify (the directory name
+    holds only 12 hex digits of it). Among several (other models, other platforms), the one of the
+    host's platform is preferred, then the most recently converted; the note says so. A provenance
+    that does not read is skipped here; ``(None, None, note)`` when none qualifies.
+    """
+    candidates = []
+    for path in sorted((ws.root / "checkpoints").glob("*.provenance.json")):
+        try:
+            doc = read_provenance(path, "checkpoint")
+        except BadInput:
+            continue
+        if doc["stack"]["sha256"] == stack_sha256:
+            candidates.append((path, doc))
+    if not candidates:
+        return None, None, "none converted with this stack"
+    if platform is not None and any(d["platform"] == platform for _, d in candidates):
+        candidates = [(p, d) for p, d in candidates if d["platform"] == platform]
+    candidates.sort(key=lambda pd: (pd[1]["created_at"], pd[0].name))
+    path, doc = candidates[-1]
+    note = "" if len(candidates) == 1 else (f"; the newest of {len(candidates)} checkpoints of stack "
+                                            f"{stack_name} for {doc['platform']}")
+    return path, doc, note

@@ -133,11 +133,24 @@ def file_inputs(paths: dict[str, Path | None], cache: Path) -> dict:
 
 def vime_input_files(request: RunRequest) -> dict[str, Path]:
     """The files a VIME arm reads, from the flags or the workspace that ``kit prepare`` filled; each must exist."""
-    from kit.prepare import Workspace
+    from kit.prepare import Workspace, read_provenance, select_checkpoint
 
     ws = Workspace(request.workspace)
-    given = {"model": (request.model, "--model DIR (the Hugging Face checkpoint)"),
-             "checkpoint": (request.checkpoint, "--checkpoint DIR (the torch_dist checkpoint kit prepare --convert-checkpoint wrote)"),
+    # Without flags: the checkpoint kit prepare --convert-checkpoint made with this arm's stack, and
+    # the model it was converted from, as the workspace's provenance records them.
+    checkpoint, model = request.checkpoint, request.model
+    if checkpoint is None or model is None:
+        arm = request.arm
+        _, converted, _ = select_checkpoint(ws, arm.stack.name, arm.stack.sha256, arm.platform)
+        if converted is not None:
+            checkpoint = checkpoint or ws.root / converted["output"]
+            model_record = ws.model_provenance(converted["model_tree_sha256"])
+            if model is None and model_record.is_file():
+                model = read_provenance(model_record, "model")["path"]
+    given = {"model": (model, "--model DIR (the Hugging Face checkpoint; default: the one the workspace's "
+                              "converted checkpoint came from)"),
+             "checkpoint": (checkpoint, "--checkpoint DIR (default: the torch_dist checkpoint kit prepare "
+                                        "--convert-checkpoint wrote for this stack)"),
              "prompt_data": (request.prompt_data or ws.data, f"--prompt-data FILE (default {ws.data}, written by kit prepare)")}
     out = {}
     for name, (path, flag) in given.items():

@@ -61,3 +61,43 @@ def test_dry_run_shows_the_mounts(inputs):
     preview = json.loads(proc.stdout)["manifest_preview"]
     assert sorted(preview["input_mounts"].values()) == ["/inputs/data/dapo-math-17k.jsonl", "/inputs/model", "/inputs/torch_dist"]
     assert not (inputs / "ws" / "runs").exists()
+
+
+def test_model_and_checkpoint_default_to_what_kit_prepare_recorded_for_the_stack(tmp_path):
+    """After kit prepare --model M --convert-checkpoint --arm A, kit run --arm A needs no input flags."""
+    import os
+
+    from fixtures_prepare import make_model
+    from kit.documents import write_new_document
+    from kit.inputs import hash_tree, tree_sha256
+    from kit.prepare import Workspace, prepare_model
+
+    arm = Catalog.default().arm("native")
+    ws_root = tmp_path / "ws"
+    model = make_model(tmp_path / "Qwen3-tiny")
+    model_tree = prepare_model(ws_root, model).document["tree_sha256"]
+    ws = Workspace(ws_root)
+    ckpt = ws.checkpoint_dir(arm.stack.sha256, model_tree)
+    (ckpt / "iter_0000001").mkdir(parents=True)
+    (ckpt / "iter_0000001" / "__0_0.distcp").write_bytes(os.urandom(64))
+    files = hash_tree(ckpt)
+    write_new_document(ws.checkpoint_provenance(ckpt), {
+        "schema": "rlk-kit/provenance/v1", "kind": "checkpoint", "created_at": "2026-01-01T00:00:00Z",
+        "kit_version": "0.1.0", "arm": arm.name, "stack": {"name": arm.stack.name, "sha256": arm.stack.sha256},
+        "image": {"ref": "rlk-kit/vime-current:cuda-0123456789ab", "id": "sha256:" + "1" * 64}, "platform": "cuda",
+        "model_tree_sha256": model_tree, "command": ["bash", "-lc", "true"],
+        "output": ckpt.relative_to(ws_root).as_posix(), "files": files, "tree_sha256": tree_sha256(files)})
+    ws.data.parent.mkdir(parents=True, exist_ok=True)
+    ws.data.write_text('{"prompt":[]}\n')
+
+    files = vime_input_files(RunRequest(arm=arm, workspace=ws_root, runtime="docker"))
+    assert files["checkpoint"] == ckpt.resolve() and files["model"] == model.resolve()
+    # a flag still wins over the workspace
+    other = tmp_path / "other-ckpt"
+    other.mkdir()
+    assert vime_input_files(RunRequest(arm=arm, workspace=ws_root, runtime="docker", checkpoint=other))["checkpoint"] \
+        == other.resolve()
+    # a checkpoint of another stack is not a default: the flag is asked for
+    with pytest.raises(BadInput, match="--checkpoint DIR"):
+        vime_input_files(RunRequest(arm=Catalog.default().arm("G10"), workspace=ws_root, runtime="docker",
+                                    model=model))

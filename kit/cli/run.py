@@ -40,9 +40,11 @@ def workspace_from(flag: Path | None) -> Path:
               help="local: run the smoke arm as a Ray job (driver, rollout and trainer actors) on a Ray head the kit "
                    "starts on this host and stops after the run.")
 @click.option("--model", type=click.Path(path_type=Path, exists=True, file_okay=False),
-              help="VIME arms: the Hugging Face checkpoint directory (mounted read-only, hashed per file).")
+              help="VIME arms: the Hugging Face checkpoint directory (mounted read-only, hashed per file). "
+                   "Default: the model the workspace's converted checkpoint for this stack came from.")
 @click.option("--checkpoint", type=click.Path(path_type=Path, exists=True, file_okay=False),
-              help="VIME arms: the torch_dist checkpoint (kit prepare --convert-checkpoint), mounted read-only.")
+              help="VIME arms: the torch_dist checkpoint, mounted read-only. Default: the one kit prepare "
+                   "--convert-checkpoint wrote into the workspace for this arm's stack.")
 @click.option("--prompt-data", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="VIME arms: the prompt JSONL (default: <workspace>/data/dapo-math-17k.jsonl from kit prepare).")
 @click.option("--network", metavar="NAME",
