@@ -20,6 +20,26 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def run_manifest(arm_name: str, run_id: str, **workload) -> dict:
+    """A valid run-manifest/v1 document for a catalog arm, as kit run writes one; ``workload``
+    overrides fields of the arm's workload (seeds)."""
+    import copy
+
+    from kit.catalog import Catalog
+
+    arm = Catalog.default().arm(arm_name)
+    doc = copy.deepcopy(arm.document)
+    doc["workload"].update(workload)
+    return {"schema": "rlk-kit/run-manifest/v1", "run_id": run_id, "created_at": "2026-12-02T00:00:00Z",
+            "kit_version": "0", "arm": doc, "arm_sha256": "0" * 64,
+            "stack": {"name": arm.stack.name, "sha256": arm.stack.sha256, "document": arm.stack.document},
+            "runtime": {"kind": "local"}, "image": None, "observed_identity": None,
+            "host": {"hostname": "h", "platform": "p", "python": "3.11"}, "gpus": {"devices": [], "driver": None},
+            "ray_cluster": None, "commands": {"train": ["python"], "entrypoint_appended": []}, "ray_job": None,
+            "environment": {"job": {}, "host": {}, "redacted_names": []}, "inputs": {},
+            "repository": {"allow_dirty": False, "state": {}}}
+
+
 @pytest.fixture(scope="session")
 def docker_engine():
     import docker

@@ -3,7 +3,6 @@ the real `kit verify` checks and the real `kit compare`."""
 
 from __future__ import annotations
 
-import copy
 import csv
 import json
 import shutil
@@ -15,23 +14,9 @@ from click.testing import CliRunner
 
 from fixtures_vime_logs import published_rounds, synthetic_rows, write_log
 from kit import evidence as E
-from kit.catalog import Catalog
 from kit.cli import cli
 
-
-def run_manifest(arm_name: str, run_id: str, **workload) -> dict:
-    """A run-manifest/v1 document for a catalog arm; ``workload`` overrides fields (seeds)."""
-    arm = Catalog.default().arm(arm_name)
-    doc = copy.deepcopy(arm.document)
-    doc["workload"].update(workload)
-    return {"schema": "rlk-kit/run-manifest/v1", "run_id": run_id, "created_at": "2026-12-02T00:00:00Z",
-            "kit_version": "0", "arm": doc, "arm_sha256": "0" * 64,
-            "stack": {"name": arm.stack.name, "sha256": arm.stack.sha256, "document": arm.stack.document},
-            "runtime": {"kind": "local"}, "image": None, "observed_identity": None,
-            "host": {"hostname": "h", "platform": "p", "python": "3.11"}, "gpus": {"devices": [], "driver": None},
-            "ray_cluster": None, "commands": {"train": ["python"], "entrypoint_appended": []}, "ray_job": None,
-            "environment": {"job": {}, "host": {}, "redacted_names": []}, "inputs": {},
-            "repository": {"allow_dirty": False, "state": {}}}
+from conftest import run_manifest
 
 
 def make_run(root: Path, arm_name: str, run_id: str, rows, gbs: int = 8, *, seal: bool = True,

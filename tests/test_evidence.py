@@ -17,17 +17,11 @@ from kit.documents import require_valid_as, schema_problems
 from kit.errors import BadInput, CheckFailed
 from kit.redact import REDACTED, Redactor, redact_env
 
+from conftest import run_manifest
+
 
 def minimal_manifest(run_id: str) -> dict:
-    arm = Catalog.default().arm("smoke")
-    return {"schema": "rlk-kit/run-manifest/v1", "run_id": run_id, "created_at": "2026-12-02T00:00:00Z",
-            "kit_version": "0", "arm": arm.document, "arm_sha256": "0" * 64,
-            "stack": {"name": arm.stack.name, "sha256": arm.stack.sha256, "document": arm.stack.document},
-            "runtime": {"kind": "local"}, "image": None, "observed_identity": None,
-            "host": {"hostname": "h", "platform": "p", "python": "3.11"}, "gpus": {"devices": [], "driver": None},
-            "ray_cluster": None, "commands": {"train": ["python"], "entrypoint_appended": []}, "ray_job": None,
-            "environment": {"job": {}, "host": {}, "redacted_names": []}, "inputs": {},
-            "repository": {"allow_dirty": False, "state": {}}}
+    return run_manifest("smoke", run_id)
 
 
 def make_run(workspace: Path, run_id: str = "r1", *, sign_key: Path | None = None) -> Path:
