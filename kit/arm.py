@@ -102,6 +102,11 @@ def arm_rule_problems(doc: dict, stack: Stack | None) -> list[tuple[str, str]]:
         out.append(("/workload/global_batch_size",
                     f"{wl['global_batch_size']} must equal rollout_batch_size × samples_per_prompt = "
                     f"{wl['rollout_batch_size'] * wl['samples_per_prompt']} (one optimizer step per rollout)"))
+    # each engine implements one reward: VIME's deepscaler math reward, the smoke workload's copy reward
+    reward = {"vime": "deepscaler", "smoke": "copy"}[doc["engine"]]
+    if wl["algorithm"]["reward_model"] != reward:
+        out.append(("/workload/algorithm/reward_model", f"{wl['algorithm']['reward_model']!r}: a {doc['engine']} arm "
+                                                        f"is rewarded by {reward!r}"))
     kl = wl["kl"]
     if kl["use_kl_loss"] != (kl["coef"] > 0):
         out.append(("/workload/kl", f"use_kl_loss is {str(kl['use_kl_loss']).lower()} but coef is {kl['coef']}: "

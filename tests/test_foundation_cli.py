@@ -122,7 +122,7 @@ def test_plan_reference_layout_and_complete_command():
     assert doc["evidence_level"] == "reference"
     argv = doc["command"]["argv"]
     for pair in [("--actor-num-gpus-per-node", "8"), ("--rollout-num-gpus", "8"), ("--rollout-num-gpus-per-engine", "4"),
-                 ("--vllm-prefill-context-parallel-size", "1"), ("--advantage-estimator", "grpo"),
+                 ("--vllm-prefill-context-parallel-size", "1"), ("--advantage-estimator", "grpo"), ("--rm-type", "deepscaler"),
                  ("--linear-logp-provider-mode", "strict"), ("--attention-backend", "fused"),
                  ("--seed", "1234"), ("--rollout-seed", "1234"), ("--vllm-attention-backend", "flash_attn")]:
         assert pair in pairs(argv), pair

@@ -149,6 +149,9 @@ def test_tag_where_digest_required_fails(lock_dir):
     (lambda d: d["comparison"].update({"with": "G99"}), "/comparison/with"),
     (lambda d: d["operators"].update(ffn="X/Y"), "/operators/ffn"),
     (lambda d: d["workload"].update(seed="1234"), "/workload/seed"),
+    (lambda d: d["workload"]["algorithm"].update(reward_model="copy"), "/workload/algorithm/reward_model"),
+    (lambda d: d["workload"]["algorithm"].update(advantage_estimator="ppo"), "/workload/algorithm/advantage_estimator"),
+    (lambda d: d["workload"].pop("algorithm"), "/workload"),
 ])
 def test_bad_arm_rules_fail_with_pointer(lock_dir, mutate, pointer):
     path = lock_dir / "G10.json"

@@ -183,7 +183,7 @@ def train_command(arm: dict, layout: dict, run_dir: str, *, capture_sizes: list[
     argv += ["--hf-checkpoint", L.MODEL_DIR, "--ref-load", L.CHECKPOINT_DIR, "--load", f"{run_dir}/initial-load",
              "--prompt-data", f"{L.DATA_DIR}/dapo-math-17k.jsonl",
              "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
-             "--rm-type", "deepscaler", "--advantage-estimator", "grpo",
+             "--rm-type", wl["algorithm"]["reward_model"], "--advantage-estimator", wl["algorithm"]["advantage_estimator"],
              "--num-rollout", str(wl["rollouts"]), "--rollout-batch-size", str(wl["rollout_batch_size"]),
              "--n-samples-per-prompt", str(wl["samples_per_prompt"]), "--rollout-max-response-len", str(wl["max_response_len"])]
     if launcher.sampling_from_arm:
