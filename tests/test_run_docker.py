@@ -151,6 +151,9 @@ def test_ray_cluster_checked_node_by_node(variant_image, ray_cluster, cpu_image,
     assert proc.returncode == 0, proc.stdout + proc.stderr
     manifest = json.loads((ws / "runs" / "ray-1" / "manifest.json").read_text())
     assert len(manifest["ray_cluster"]["nodes"]) == 2
+    # every node computed the kernels' conformance fingerprint, and all agree with the image's
+    assert {n["conformance_fingerprint"] for n in manifest["ray_cluster"]["nodes"]} == {
+        cpu_image.record["conformance_fingerprint"]}
     assert kit("verify", str(ws / "runs" / "ray-1")).returncode == 0
 
     add_worker(variant_image)
