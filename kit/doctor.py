@@ -442,6 +442,11 @@ def _workspace_input_guard(ctx: Context, name: str, needed: str, builtin: str) -
     return None
 
 
+def arm_input_pin(arm: ArmSpec | None, field: str) -> str | None:
+    """The hash the arm's lock pins for one input (its ``inputs`` object), None when it pins none."""
+    return ((arm.document.get("inputs") or {}).get(field)) if arm is not None else None
+
+
 def check_prompt_data(ctx: Context) -> Check:
     name = "inputs.prompt_data"
     skipped = _workspace_input_guard(ctx, name, "prompt data are", "prompts")
@@ -464,6 +469,13 @@ def check_prompt_data(ctx: Context) -> Check:
     if actual != doc["output_sha256"]:
         return Check(name, FAIL, f"{ws.data} has sha256 {actual}, its provenance says {doc['output_sha256']}: "
                      "changed after kit prepare", details)
+    pin = arm_input_pin(ctx.arm, "prompt_data_sha256")
+    if pin is not None:   # the lock decides, whatever kit prepare accepted
+        if actual == pin:
+            return Check(name, PASS, f"{ws.data.name} sha256 {actual[:12]}... as arm {ctx.arm.name} pins "
+                         "(inputs.prompt_data_sha256)", details)
+        return Check(name, FAIL, f"{ws.data.name} sha256 {actual} is not the {pin} arm {ctx.arm.name} pins "
+                     f"(inputs.prompt_data_sha256); prepare the data from the published source", details)
     if actual == PUBLISHED_OUTPUT_SHA256:
         return Check(name, PASS, f"{ws.data.name} sha256 {actual[:12]}... equals the published DAPO-Math-17k "
                      "conversion", details)
@@ -571,6 +583,11 @@ def check_model(ctx: Context) -> Check:
             return Check(name, FAIL, f"{model_dir} changed since kit prepare hashed it ({where.name}): {shown}",
                          {**details, "differences": differences})
         passed.append((model_dir, tree_sha256(observed)))
+    pin = arm_input_pin(arm, "model_tree_sha256")
+    if pin is not None and all(tree != pin for _, tree in passed):
+        shown = ", ".join(f"{d} tree sha256 {t}" for d, t in passed)
+        return Check(name, FAIL, f"{shown}: not the {pin} arm {arm.name} pins (inputs.model_tree_sha256)",
+                     {"provenance": [str(w) for w, _ in models]})
     shown = ", ".join(f"{d} tree sha256 {t[:12]}..." for d, t in passed)
     return Check(name, PASS, f"{shown}: every file hashes as recorded ({chosen})",
                  {"provenance": [str(w) for w, _ in models]})

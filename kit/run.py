@@ -163,6 +163,23 @@ def vime_input_files(request: RunRequest) -> dict[str, Path]:
     return out
 
 
+def check_pinned_prompt_data(request: RunRequest, path: Path) -> None:
+    """CheckFailed (before any run dir exists) when the arm pins a prompt-data sha256 the file does not have."""
+    pin = (request.arm.document.get("inputs") or {}).get("prompt_data_sha256")
+    if pin is None:
+        return
+    from kit.inputs import HashCache, hash_file_cached
+    from kit.prepare import Workspace
+
+    cache = HashCache(Workspace(request.workspace).hash_cache)
+    actual = hash_file_cached(path, cache)
+    cache.save()
+    if actual != pin:
+        raise CheckFailed(f"{path}: sha256 {actual} is not the {pin} arm {request.arm.name} pins "
+                          "(inputs.prompt_data_sha256); prepare the published data with kit prepare, or give "
+                          "--prompt-data FILE with that hash")
+
+
 def input_mounts(files: dict[str, Path]) -> dict[str, str]:
     """Host path -> in-image path, all read-only (kit/image_layout.py)."""
     from kit import image_layout as L
@@ -390,6 +407,8 @@ def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callabl
                        f"e.g. {shown}); commit them, or pass --allow-dirty for a development run (recorded in the manifest)")
 
     files = vime_input_files(request) if request.arm.engine == "vime" else {}
+    if files:
+        check_pinned_prompt_data(request, files["prompt_data"])
     runtime = make_runtime(request.runtime, arm=request.arm, image=request.image, workspace=workspace, run_id=run_id,
                            ray_address=request.ray_address, network=request.network, ray_head=request.ray_head,
                            input_mounts=input_mounts(files) if files else None)

@@ -485,7 +485,10 @@ def test_default_workspace_is_kit_runs(tmp_path, monkeypatch):
     doc = json.loads(result.stdout)
     assert doc["workspace"] == str(tmp_path / ".workspace")
     checks = {c["name"]: c for c in doc["checks"]}
-    assert checks["inputs.prompt_data"]["status"] == PASS, checks["inputs.prompt_data"]
+    # the data found there are judged (G10 pins the published hash; these test data are not it)
+    prompt = checks["inputs.prompt_data"]
+    assert prompt["details"]["path"] == str(tmp_path / ".workspace" / "data" / "dapo-math-17k.jsonl"), prompt
+    assert prompt["status"] == FAIL and "inputs.prompt_data_sha256" in prompt["reason"], prompt
     assert not any("no workspace" in c["reason"] for c in doc["checks"])
     # $KIT_WORKSPACE still wins over the default, as for kit run
     other = tmp_path / "elsewhere"
@@ -519,3 +522,30 @@ def test_report_document_validates():
     report = run_doctor(Context(arm=load_arm("G10")))
     assert schema_problems(report.to_json(), "rlk-kit/doctor/v1") == []
     assert report.passed == all(c.status != FAIL for c in report.checks)
+
+
+def test_inputs_are_judged_against_the_hashes_the_arm_pins(tmp_path):
+    """An arm's inputs.prompt_data_sha256 / model_tree_sha256 decide, whatever kit prepare accepted."""
+    src = write_parquet(tmp_path / "train.parquet")
+    ws = tmp_path / "ws"
+    prepare_dataset(ws, source=str(src), accept_new_hash=True)
+    actual = hashlib.sha256(Workspace(ws).data.read_bytes()).hexdigest()
+    unpinned = vime_arm()
+    assert check_prompt_data(Context(arm=unpinned, workspace=ws)).status == PASS     # accepted at prepare time
+    pinned = ArmSpec("V2", {**unpinned.document, "inputs": {"prompt_data_sha256": PUBLISHED_OUTPUT_SHA256}},
+                     unpinned.stack_name, unpinned.stack_document, unpinned.stack_sha256)
+    refused = check_prompt_data(Context(arm=pinned, workspace=ws))
+    assert refused.status == FAIL and "inputs.prompt_data_sha256" in refused.reason and actual in refused.reason
+    own = ArmSpec("V3", {**unpinned.document, "inputs": {"prompt_data_sha256": actual}},
+                  unpinned.stack_name, unpinned.stack_document, unpinned.stack_sha256)
+    assert check_prompt_data(Context(arm=own, workspace=ws)).status == PASS
+
+    model = make_model(tmp_path / "Qwen3-tiny")
+    tree = prepare_model(ws, model).document["tree_sha256"]
+    other_model = ArmSpec("V4", {**unpinned.document, "inputs": {"model_tree_sha256": "0" * 64}},
+                          unpinned.stack_name, unpinned.stack_document, unpinned.stack_sha256)
+    wrong = check_model(Context(arm=other_model, workspace=ws))
+    assert wrong.status == FAIL and "inputs.model_tree_sha256" in wrong.reason and tree in wrong.reason
+    right = ArmSpec("V5", {**unpinned.document, "inputs": {"model_tree_sha256": tree}},
+                    unpinned.stack_name, unpinned.stack_document, unpinned.stack_sha256)
+    assert check_model(Context(arm=right, workspace=ws)).status == PASS

@@ -101,3 +101,11 @@ def test_model_and_checkpoint_default_to_what_kit_prepare_recorded_for_the_stack
     with pytest.raises(BadInput, match="--checkpoint DIR"):
         vime_input_files(RunRequest(arm=Catalog.default().arm("G10"), workspace=ws_root, runtime="docker",
                                     model=model))
+
+
+def test_prompt_data_other_than_the_arms_pin_is_refused_before_anything_starts(inputs):
+    proc = run_kit("run", "--arm", "native", "--workspace", str(inputs / "ws"), "--allow-dirty",
+                   "--model", str(inputs / "model"), "--checkpoint", str(inputs / "ckpt"))
+    assert proc.returncode == 1, proc.stderr
+    assert "inputs.prompt_data_sha256" in proc.stderr and "dapo-math-17k.jsonl" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (inputs / "ws" / "runs").exists()
