@@ -113,8 +113,9 @@ def smoke_inputs(arm_doc: dict) -> dict:
             "checkpoint": None}
 
 
-def file_inputs(paths: dict[str, Path | None], cache: Path) -> dict:
-    """sha256 of prompt data / model / checkpoint files or trees, cached by path, size and mtime."""
+def file_inputs(paths: dict[str, Path | None], cache: Path, progress: TextIO | None = None) -> dict:
+    """sha256 of prompt data / model / checkpoint files or trees, cached by path, size and mtime;
+    a tree's hashing is reported on ``progress`` (a 16 GiB model takes minutes the first time)."""
     from kit.inputs import hash_file_cached, hash_tree, tree_sha256, HashCache
 
     out = {}
@@ -122,7 +123,7 @@ def file_inputs(paths: dict[str, Path | None], cache: Path) -> dict:
         if path is None:
             out[name] = None
         elif Path(path).is_dir():
-            files = hash_tree(path, cache)
+            files = hash_tree(path, cache, progress=progress)
             out[name] = {"path": str(path), "sha256": tree_sha256(files), "files": len(files)}
         else:
             c = HashCache(cache)
@@ -477,7 +478,7 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
         inputs = smoke_inputs(arm_doc)
     else:
         from kit.prepare import Workspace
-        inputs = file_inputs(files, Workspace(request.workspace.resolve()).hash_cache)
+        inputs = file_inputs(files, Workspace(request.workspace.resolve()).hash_cache, progress=progress)
     manifest = build_manifest(plan=plan, arm=request.arm, described=described, argv=argv, env_job=env_job,
                               env_host=env_host, inputs=inputs, repository=repo, allow_dirty=request.allow_dirty,
                               runtime_kind=request.runtime, submits_ray_job=submits_ray_job(runtime))

@@ -109,3 +109,18 @@ def test_prompt_data_other_than_the_arms_pin_is_refused_before_anything_starts(i
     assert proc.returncode == 1, proc.stderr
     assert "inputs.prompt_data_sha256" in proc.stderr and "dapo-math-17k.jsonl" in proc.stderr
     assert "Traceback" not in proc.stderr and not (inputs / "ws" / "runs").exists()
+
+
+def test_hashing_an_input_tree_reports_progress_and_then_answers_from_the_cache(inputs):
+    import io
+
+    from kit.run import file_inputs
+
+    cache = inputs / "ws" / "cache" / "hashes.json"
+    first = io.StringIO()
+    doc = file_inputs({"model": inputs / "model"}, cache, progress=first)
+    assert doc["model"]["files"] == 1 and len(doc["model"]["sha256"]) == 64
+    assert first.getvalue().startswith(f"hashing {inputs / 'model'}: 1/1 files"), first.getvalue()
+    again = io.StringIO()
+    assert file_inputs({"model": inputs / "model"}, cache, progress=again) == doc
+    assert again.getvalue() == ""            # every hash from the cache: nothing to report
