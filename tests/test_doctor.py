@@ -526,26 +526,21 @@ def test_report_document_validates():
 
 def test_inputs_are_judged_against_the_hashes_the_arm_pins(tmp_path):
     """An arm's inputs.prompt_data_sha256 / model_tree_sha256 decide, whatever kit prepare accepted."""
+    def pinning(**pins) -> ArmSpec:
+        arm = vime_arm()
+        return ArmSpec("V2", {**arm.document, "inputs": pins}, arm.stack_name, arm.stack_document, arm.stack_sha256)
+
     src = write_parquet(tmp_path / "train.parquet")
     ws = tmp_path / "ws"
     prepare_dataset(ws, source=str(src), accept_new_hash=True)
     actual = hashlib.sha256(Workspace(ws).data.read_bytes()).hexdigest()
-    unpinned = vime_arm()
-    assert check_prompt_data(Context(arm=unpinned, workspace=ws)).status == PASS     # accepted at prepare time
-    pinned = ArmSpec("V2", {**unpinned.document, "inputs": {"prompt_data_sha256": PUBLISHED_OUTPUT_SHA256}},
-                     unpinned.stack_name, unpinned.stack_document, unpinned.stack_sha256)
-    refused = check_prompt_data(Context(arm=pinned, workspace=ws))
+    assert check_prompt_data(Context(arm=vime_arm(), workspace=ws)).status == PASS     # accepted at prepare time
+    refused = check_prompt_data(Context(arm=pinning(prompt_data_sha256=PUBLISHED_OUTPUT_SHA256), workspace=ws))
     assert refused.status == FAIL and "inputs.prompt_data_sha256" in refused.reason and actual in refused.reason
-    own = ArmSpec("V3", {**unpinned.document, "inputs": {"prompt_data_sha256": actual}},
-                  unpinned.stack_name, unpinned.stack_document, unpinned.stack_sha256)
-    assert check_prompt_data(Context(arm=own, workspace=ws)).status == PASS
+    assert check_prompt_data(Context(arm=pinning(prompt_data_sha256=actual), workspace=ws)).status == PASS
 
     model = make_model(tmp_path / "Qwen3-tiny")
     tree = prepare_model(ws, model).document["tree_sha256"]
-    other_model = ArmSpec("V4", {**unpinned.document, "inputs": {"model_tree_sha256": "0" * 64}},
-                          unpinned.stack_name, unpinned.stack_document, unpinned.stack_sha256)
-    wrong = check_model(Context(arm=other_model, workspace=ws))
+    wrong = check_model(Context(arm=pinning(model_tree_sha256="0" * 64), workspace=ws))
     assert wrong.status == FAIL and "inputs.model_tree_sha256" in wrong.reason and tree in wrong.reason
-    right = ArmSpec("V5", {**unpinned.document, "inputs": {"model_tree_sha256": tree}},
-                    unpinned.stack_name, unpinned.stack_document, unpinned.stack_sha256)
-    assert check_model(Context(arm=right, workspace=ws)).status == PASS
+    assert check_model(Context(arm=pinning(model_tree_sha256=tree), workspace=ws)).status == PASS
