@@ -8,7 +8,6 @@ import json
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -166,14 +165,19 @@ def test_patch_with_another_sha256_fails(cpu_image, kit_workspace, tmp_path):
     assert "smoke-vime.patch" in proc.stderr and "a9b63a450995ca123e6b67b70e938dfdcce08fd6c40f9634e5f5ed9f274085df" in proc.stderr
 
 
-def test_edited_baked_source_fails_verification_naming_it(cpu_image, smoke_stack, docker_engine):
-    container = docker_engine.containers.run(
-        cpu_image.tag, ["sh", "-c", "echo tampered >> /opt/rlk/src/rl-kernel/rl_kernel/__init__.py"], detach=True)
+def tampered_image(docker_engine, image: str, script: str, repository: str):
+    """``image`` with ``script`` run in it, committed: what someone editing a built image leaves."""
+    container = docker_engine.containers.run(image, ["sh", "-c", script], detach=True)
     try:
         assert container.wait(timeout=120)["StatusCode"] == 0
-        tampered = container.commit(repository="rlk-kit/test-tampered", tag="latest")
+        return container.commit(repository=repository, tag="latest")
     finally:
         container.remove(force=True)
+
+
+def test_edited_baked_source_fails_verification_naming_it(cpu_image, smoke_stack, docker_engine):
+    tampered = tampered_image(docker_engine, cpu_image.tag, "echo tampered >> /opt/rlk/src/rl-kernel/rl_kernel/__init__.py",
+                              "rlk-kit/test-tampered")
     try:
         assert check_image(tampered.id, smoke_stack).matches    # labels alone cannot see it ...
         result = verify_image_by_probe(tampered.id, smoke_stack)  # ... the probe can
@@ -189,14 +193,9 @@ def test_edited_baked_source_fails_verification_naming_it(cpu_image, smoke_stack
 
 def test_added_compiled_extension_fails_verification_though_git_ignores_it(cpu_image, smoke_stack, docker_engine):
     """build/ is git-ignored in the sources, so the tree cannot see a .so there; the build-time probe can."""
-    container = docker_engine.containers.run(
-        cpu_image.tag, ["sh", "-c", "mkdir -p /opt/rlk/src/rl-kernel/build && echo elf > /opt/rlk/src/rl-kernel/build/_C.so"],
-        detach=True)
-    try:
-        assert container.wait(timeout=120)["StatusCode"] == 0
-        tampered = container.commit(repository="rlk-kit/test-extension", tag="latest")
-    finally:
-        container.remove(force=True)
+    tampered = tampered_image(docker_engine, cpu_image.tag,
+                              "mkdir -p /opt/rlk/src/rl-kernel/build && echo elf > /opt/rlk/src/rl-kernel/build/_C.so",
+                              "rlk-kit/test-extension")
     try:
         result = verify_image_by_probe(tampered.id, smoke_stack)
         assert result.differences == [("sources.rl-kernel.extensions.build/_C.so", None,
