@@ -173,9 +173,9 @@ def stack_rule_problems(resolved: dict) -> list[tuple[str, str]]:
             problems.append((f"/sources/{i}/name", f"source {name!r} is listed twice"))
     for platform, entry in resolved["platforms"].items():
         if platform == "cuda" and "cuda_arch_list" not in entry:
-            problems.append((f"/platforms/cuda", "a cuda platform needs cuda_arch_list (for example [\"9.0\"] for H100/H200)"))
+            problems.append(("/platforms/cuda", "a cuda platform needs cuda_arch_list (for example [\"9.0\"] for H100/H200)"))
         if platform == "rocm" and "gfx_targets" not in entry:
-            problems.append((f"/platforms/rocm", "a rocm platform needs gfx_targets (for example [\"gfx942\"] for MI300X)"))
+            problems.append(("/platforms/rocm", "a rocm platform needs gfx_targets (for example [\"gfx942\"] for MI300X)"))
         if platform != "cuda" and "cuda_arch_list" in entry:
             problems.append((f"/platforms/{platform}/cuda_arch_list", "only the cuda platform takes cuda_arch_list"))
         if platform != "rocm" and "gfx_targets" in entry:

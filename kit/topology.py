@@ -46,7 +46,7 @@ def topology_problems(topo: Topology, model: dict, *, vllm_version: str = "unkno
     accepted = ", ".join(map(str, accepted_tp_sizes(topo.gpus, model)))
     for key in ("gpus", "tp", "cp", "rollout_tp", "rollout_cp"):
         if getattr(topo, key) <= 0:
-            out.append((f"/topology/{key}", f"must be > 0"))
+            out.append((f"/topology/{key}", "must be > 0"))
     if out:
         return out
     if topo.tp * topo.cp != topo.gpus:
