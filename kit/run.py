@@ -138,16 +138,22 @@ def vime_input_files(request: RunRequest) -> dict[str, Path]:
 
     ws = Workspace(request.workspace)
     # Without flags: the checkpoint kit prepare --convert-checkpoint made with this arm's stack, and
-    # the model it was converted from, as the workspace's provenance records them.
+    # the model it was converted from, as the workspace's provenance records them. A default never
+    # pairs a checkpoint with a model it was not converted from.
     checkpoint, model = request.checkpoint, request.model
-    if checkpoint is None or model is None:
+
+    def model_of(checkpoint_record: dict) -> str | None:
+        record = ws.model_provenance(checkpoint_record["model_tree_sha256"])
+        return read_provenance(record, "model")["path"] if record.is_file() else None
+
+    if checkpoint is None:
         arm = request.arm
         _, converted, _ = select_checkpoint(ws, arm.stack.name, arm.stack.sha256, arm.platform)
-        if converted is not None:
-            checkpoint = checkpoint or ws.root / converted["output"]
-            model_record = ws.model_provenance(converted["model_tree_sha256"])
-            if model is None and model_record.is_file():
-                model = read_provenance(model_record, "model")["path"]
+        if converted is not None and (model is None or _same_path(model_of(converted), model)):
+            checkpoint = ws.root / converted["output"]
+            model = model or model_of(converted)
+    elif model is None and ws.checkpoint_provenance(Path(checkpoint)).is_file():
+        model = model_of(read_provenance(ws.checkpoint_provenance(Path(checkpoint)), "checkpoint"))
     given = {"model": (model, "--model DIR (the Hugging Face checkpoint; default: the one the workspace's "
                               "converted checkpoint came from)"),
              "checkpoint": (checkpoint, "--checkpoint DIR (default: the torch_dist checkpoint kit prepare "
@@ -162,6 +168,10 @@ def vime_input_files(request: RunRequest) -> dict[str, Path]:
             raise BadInput(f"{path}: not found; give {flag}")
         out[name] = path.resolve()
     return out
+
+
+def _same_path(a: str | Path | None, b: str | Path) -> bool:
+    return a is not None and Path(a).resolve() == Path(b).resolve()
 
 
 def check_pinned_prompt_data(request: RunRequest, path: Path) -> None:

@@ -63,19 +63,14 @@ def test_dry_run_shows_the_mounts(inputs):
     assert not (inputs / "ws" / "runs").exists()
 
 
-def test_model_and_checkpoint_default_to_what_kit_prepare_recorded_for_the_stack(tmp_path):
-    """After kit prepare --model M --convert-checkpoint --arm A, kit run --arm A needs no input flags."""
+def _converted_checkpoint(ws_root, arm, model_tree: str):
+    """A torch_dist checkpoint and its provenance, as kit prepare --convert-checkpoint leaves them."""
     import os
 
-    from fixtures_prepare import make_model
     from kit.documents import write_new_document
     from kit.inputs import hash_tree, tree_sha256
-    from kit.prepare import Workspace, prepare_model
+    from kit.prepare import Workspace
 
-    arm = Catalog.default().arm("native")
-    ws_root = tmp_path / "ws"
-    model = make_model(tmp_path / "Qwen3-tiny")
-    model_tree = prepare_model(ws_root, model).document["tree_sha256"]
     ws = Workspace(ws_root)
     ckpt = ws.checkpoint_dir(arm.stack.sha256, model_tree)
     (ckpt / "iter_0000001").mkdir(parents=True)
@@ -87,6 +82,20 @@ def test_model_and_checkpoint_default_to_what_kit_prepare_recorded_for_the_stack
         "image": {"ref": "rlk-kit/vime-current:cuda-0123456789ab", "id": "sha256:" + "1" * 64}, "platform": "cuda",
         "model_tree_sha256": model_tree, "command": ["bash", "-lc", "true"],
         "output": ckpt.relative_to(ws_root).as_posix(), "files": files, "tree_sha256": tree_sha256(files)})
+    return ckpt
+
+
+def test_model_and_checkpoint_default_to_what_kit_prepare_recorded_for_the_stack(tmp_path):
+    """After kit prepare --model M --convert-checkpoint --arm A, kit run --arm A needs no input flags."""
+    from fixtures_prepare import make_model
+    from kit.prepare import Workspace, prepare_model
+
+    arm = Catalog.default().arm("native")
+    ws_root = tmp_path / "ws"
+    model = make_model(tmp_path / "Qwen3-tiny")
+    model_tree = prepare_model(ws_root, model).document["tree_sha256"]
+    ws = Workspace(ws_root)
+    ckpt = _converted_checkpoint(ws_root, arm, model_tree)
     ws.data.parent.mkdir(parents=True, exist_ok=True)
     ws.data.write_text('{"prompt":[]}\n')
 
@@ -95,8 +104,11 @@ def test_model_and_checkpoint_default_to_what_kit_prepare_recorded_for_the_stack
     # a flag still wins over the workspace
     other = tmp_path / "other-ckpt"
     other.mkdir()
-    assert vime_input_files(RunRequest(arm=arm, workspace=ws_root, runtime="docker", checkpoint=other))["checkpoint"] \
-        == other.resolve()
+    assert vime_input_files(RunRequest(arm=arm, workspace=ws_root, runtime="docker", checkpoint=other,
+                                       model=model))["checkpoint"] == other.resolve()
+    # ... and a checkpoint without a provenance says nothing of its model: the flag is asked for
+    with pytest.raises(BadInput, match="--model DIR"):
+        vime_input_files(RunRequest(arm=arm, workspace=ws_root, runtime="docker", checkpoint=other))
     # a checkpoint of another stack is not a default: the flag is asked for
     with pytest.raises(BadInput, match="--checkpoint DIR"):
         vime_input_files(RunRequest(arm=Catalog.default().arm("G10"), workspace=ws_root, runtime="docker",
@@ -124,3 +136,21 @@ def test_hashing_an_input_tree_reports_progress_and_then_answers_from_the_cache(
     again = io.StringIO()
     assert file_inputs({"model": inputs / "model"}, cache, progress=again) == doc
     assert again.getvalue() == ""            # every hash from the cache: nothing to report
+
+
+def test_a_default_never_pairs_a_checkpoint_with_another_model(tmp_path, inputs):
+    """--model B alone does not take the checkpoint converted from model A; --checkpoint X alone takes X's model."""
+    from fixtures_prepare import make_model
+    from kit.prepare import Workspace, prepare_model
+
+    arm = Catalog.default().arm("native")
+    ws_root = inputs / "ws"
+    model_a = make_model(tmp_path / "model-a")
+    ckpt = _converted_checkpoint(ws_root, arm, prepare_model(ws_root, model_a).document["tree_sha256"])
+    model_b = make_model(tmp_path / "model-b")
+    (model_b / "extra.safetensors").write_bytes(b"other weights")
+    with pytest.raises(BadInput, match="--checkpoint DIR"):
+        vime_input_files(RunRequest(arm=arm, workspace=ws_root, runtime="docker", model=model_b))
+    files = vime_input_files(RunRequest(arm=arm, workspace=ws_root, runtime="docker", checkpoint=ckpt))
+    assert files["model"] == model_a.resolve()
+    assert Workspace(ws_root).checkpoint_provenance(ckpt).is_file()
