@@ -203,7 +203,6 @@ def created_timestamp(commit_dates: dict[str, int]) -> str | None:
 # Labels that say which kit checkout made an image; they are not build inputs.
 SOURCE_LABEL = "org.opencontainers.image.source"
 REVISION_LABEL = "org.opencontainers.image.revision"
-PROVENANCE_LABELS = (SOURCE_LABEL, REVISION_LABEL)
 
 
 def labels(stack_doc: dict, stack_sha256: str, platform: str, *, inputs_sha256: str, kit_version: str,

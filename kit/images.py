@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kit.build_plan import (DOCKERFILES, IMAGE_BUILD_TOOLS, PLATFORMS, PROVENANCE_LABELS, BuildPlan, ContextEntry,
-                            context_tar, make_plan, patch_context_path, pin_labels, requirement, source_problems)
+from kit.build_plan import (DOCKERFILES, IMAGE_BUILD_TOOLS, PLATFORMS, REVISION_LABEL, SOURCE_LABEL, BuildPlan,
+                            ContextEntry, context_tar, make_plan, patch_context_path, pin_labels, requirement,
+                            source_problems)
 from kit.errors import BadInput, CheckFailed
 from kit.image_layout import (ENTRYPOINT, LABEL_PREFIX, PROBE_AT_BUILD_PATH, PROBE_COMMAND, PROBE_STACK_ENV,
                               STACK_PATH)
@@ -55,10 +56,15 @@ def engine():
 
 
 def _base_id_if_known(client, base_image: str) -> str | None:
-    """The local id of a tagged base when an engine answers and holds it (a dry run asks, never needs)."""
+    """The local id of a tagged base when an engine answers and holds it (a dry run asks, never needs:
+    a short timeout, so an engine that does not answer cannot hold the dry run up)."""
     try:
-        return base_image_id(client or engine(), base_image)
-    except BadInput:
+        if client is None:
+            import docker
+
+            client = docker.from_env(timeout=5)
+        return base_image_id(client, base_image)
+    except Exception:   # no engine, no base, an engine error: the tag is then provisional
         return None
 
 
@@ -397,11 +403,13 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
 
 def _image_of_inputs(client, plan: BuildPlan):
     """The image ``plan.tag`` names when its labels say it was built from exactly these inputs by
-    this checkout.
+    a checkout of this origin.
 
-    Equal inputs alone are not enough: the provenance labels (the checkout's origin and revision)
-    are not inputs, and an image made from another checkout would carry someone else's. Every label
-    of the plan must match, and a provenance label the plan leaves out must be absent too.
+    Equal inputs alone are not enough: the source label (the checkout's origin) is not an input, and
+    an image made from another checkout would carry someone else's. Every label of the plan but the
+    revision must match, and a source label the plan leaves out must be absent too. The revision
+    may differ: it says which commit built the image, which stays true, and a new commit that leaves
+    the inputs alone (a README edit) must not give equal contents a new image id.
     """
     import docker
 
@@ -412,8 +420,8 @@ def _image_of_inputs(client, plan: BuildPlan):
     found = image.labels or {}
     same = (found.get(f"{LABEL_PREFIX}.inputs.sha256") == plan.inputs_sha256
             and found.get(f"{LABEL_PREFIX}.stack.sha256") == plan.stack_sha256
-            and all(found.get(key) == value for key, value in plan.labels.items())
-            and all(found.get(key) == plan.labels.get(key) for key in PROVENANCE_LABELS))
+            and all(found.get(key) == value for key, value in plan.labels.items() if key != REVISION_LABEL)
+            and found.get(SOURCE_LABEL) == plan.labels.get(SOURCE_LABEL))
     return image if same else None
 
 
