@@ -117,14 +117,16 @@ def json_pointer(parts: Iterable[Any]) -> str:
     return out
 
 
-def schema_problems(doc: Any, expected: str | None = None) -> list[tuple[str, str]]:
+def schema_problems(doc: Any, expected: str | None = None, *, as_schema: str | None = None) -> list[tuple[str, str]]:
     """Every schema violation as (JSON pointer, message); [] when the document is valid.
 
     ``expected`` is a schema name ("stack") or id ("rlk-kit/stack/v1") the document must carry.
+    ``as_schema`` validates a document of an outside format that carries no ``schema`` field
+    (an in-toto statement) against the shipped schema of that id.
     """
     if not isinstance(doc, dict):
         return [("", f"expected a JSON object, found {type(doc).__name__}")]
-    declared = doc.get("schema")
+    declared = as_schema or doc.get("schema")
     if not isinstance(declared, str):
         return [("/schema", "missing 'schema' id (for example \"rlk-kit/stack/v1\")")]
     if expected is not None:
@@ -153,9 +155,9 @@ def _short_message(err) -> str:
     return msg if len(msg) <= 300 else msg[:297] + "..."
 
 
-def require_valid(doc: Any, source: str, expected: str | None = None) -> dict:
+def require_valid(doc: Any, source: str, expected: str | None = None, *, as_schema: str | None = None) -> dict:
     """Return the document or raise BadInput naming the source and the first few problems."""
-    problems = schema_problems(doc, expected)
+    problems = schema_problems(doc, expected, as_schema=as_schema)
     if problems:
         shown = "; ".join(f"{ptr or '/'}: {msg}" for ptr, msg in problems[:5])
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
@@ -165,11 +167,7 @@ def require_valid(doc: Any, source: str, expected: str | None = None) -> dict:
 
 def require_valid_as(doc: Any, source: str, schema: str) -> dict:
     """Like ``require_valid`` for a document without a ``schema`` field: ``schema`` is the id to use."""
-    problems = [(json_pointer(err.absolute_path), _short_message(err))
-                for err in sorted(_validator(schema).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]
-    if problems:
-        raise BadInput(f"{source}: " + "; ".join(f"{ptr or '/'}: {msg}" for ptr, msg in problems[:5]))
-    return doc
+    return require_valid(doc, source, as_schema=schema)
 
 
 # --- hashing -----------------------------------------------------------------
