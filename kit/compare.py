@@ -249,10 +249,12 @@ def compare_run_manifests(manifest_a: dict, manifest_b: dict) -> Comparison:
 
 
 def run_standing(run_dir: Path) -> dict | None:
-    """Why a run dir is no comparable evidence, or None when its run succeeded and was sealed.
+    """Why a run dir is no comparable evidence, or None when its run succeeded, passed its gates and
+    was sealed.
 
-    An interrupted, failed, detached or unsealed run holds partial evidence: its steps, timings and
-    identity may stop anywhere, so a comparison with it is never a controlled one. Example::
+    An interrupted, failed, detached or unsealed run holds partial evidence, and a run sealed with
+    failed gates holds evidence its own checks refused: a comparison with either is never a
+    controlled one (``kit analyze`` holds runs to the same rule through ``kit verify``). Example::
 
         run_standing(Path("ws/runs/stop-me"))
         # {"run": "ws/runs/stop-me", "status": "interrupted", "sealed": False, "reason": "ws/runs/stop-me: status ..."}
@@ -261,22 +263,33 @@ def run_standing(run_dir: Path) -> dict | None:
     from kit.documents import read_json_file
     from kit.errors import KitError
 
+    run_dir = Path(run_dir)
     try:
-        doc = read_json_file(Path(run_dir) / E.STATUS)
+        doc = read_json_file(run_dir / E.STATUS)
         status = doc.get("status") if isinstance(doc, dict) and isinstance(doc.get("status"), str) else None
     except KitError:
         status = None
-    sealed = E.is_sealed(Path(run_dir))
-    if status == "succeeded" and sealed:
+    sealed = E.is_sealed(run_dir)
+    gates_passed = None
+    if sealed:
+        try:
+            seal = read_json_file(run_dir / E.SEAL)
+            gates_passed = seal.get("validation_passed") if isinstance(seal, dict) else None
+        except KitError:
+            gates_passed = None
+    if status == "succeeded" and sealed and gates_passed is True:
         return None
     if status is None:
         why = f"no readable {E.STATUS} with a status: the run did not finish"
     elif status != "succeeded":
         why = f"status {status}" + ("" if sealed else ", not sealed")
-    else:
+    elif not sealed:
         why = f"status succeeded but not sealed (no {E.SEAL})"
+    else:
+        why = f"sealed with failed gates (see its {E.VALIDATION})"
     return {"run": str(run_dir), "status": status, "sealed": sealed,
-            "reason": f"{run_dir}: {why}; only a run that succeeded and was sealed is comparable evidence"}
+            "reason": f"{run_dir}: {why}; only a run that succeeded, passed its gates and was sealed is "
+                      "comparable evidence"}
 
 
 def compare_run_dirs(a: Path, b: Path) -> Comparison:
@@ -286,8 +299,7 @@ def compare_run_dirs(a: Path, b: Path) -> Comparison:
         compare_run_dirs(Path("ws/runs/r1"), Path("ws/runs/r2")).controlled
     """
     from kit import evidence as E
-    from kit.documents import read_json_file
-    from kit.errors import BadInput, KitError
+    from kit.errors import BadInput
 
     manifests = []
     for label, run_dir in (("A", a), ("B", b)):
@@ -296,13 +308,5 @@ def compare_run_dirs(a: Path, b: Path) -> Comparison:
         except BadInput as exc:
             raise BadInput(f"argument {label}: {exc}") from None
     result = compare_run_manifests(*manifests)
-    notes = list(result.notes)
     standing = tuple(s for s in (run_standing(Path(a)), run_standing(Path(b))) if s)
-    for run_dir in (a, b):
-        try:
-            seal = read_json_file(Path(run_dir) / E.SEAL) if E.is_sealed(Path(run_dir)) else {}
-        except KitError:
-            seal = {}
-        if isinstance(seal, dict) and seal.get("validation_passed") is False:
-            notes.append(f"{run_dir}: sealed with failed gates (see its {E.VALIDATION})")
-    return replace(result, a=str(a), b=str(b), notes=tuple(notes), not_comparable=standing)
+    return replace(result, a=str(a), b=str(b), not_comparable=standing)

@@ -145,7 +145,7 @@ def replace_status(run_dir: Path, doc: dict) -> Path:
 
     _refuse_if_sealed(run_dir)
     path = Path(run_dir) / STATUS
-    current = _status_of(Path(run_dir))
+    current = status_of(Path(run_dir))
     if current != "detached":
         raise CheckFailed(f"{path}: status is {current}; only a detached run's status is replaced")
     return replace_document(path, doc)
@@ -344,7 +344,7 @@ def verify_run_dir(path: Path, public_key: Path | None = None, in_toto_out: Path
                                      f"<workspace>/runs/<run-id> or lock files such as {run_dir}/*.json"))
         return verdict
     if not seal_path.is_file():
-        status = _status_of(run_dir)
+        status = status_of(run_dir)
         verdict.status = "fail"
         verdict.problems.append((f"/{SEAL}", f"missing: the run was not sealed (status {status})"))
         return verdict
@@ -398,7 +398,7 @@ def verify_run_dir(path: Path, public_key: Path | None = None, in_toto_out: Path
     return verdict
 
 
-def _status_of(run_dir: Path) -> str:
+def status_of(run_dir: Path) -> str:
     try:
         return read_json_file(run_dir / STATUS).get("status", "unknown")
     except KitError:

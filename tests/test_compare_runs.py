@@ -151,6 +151,7 @@ def test_comparison_document_names_runs_that_are_no_evidence():
     ("detached", False, "status detached, not sealed"),
     ("succeeded", False, "status succeeded but not sealed (no seal.json)"),
     (None, False, "no readable status.json with a status"),
+    ("succeeded", "failed gates", "sealed with failed gates"),
     ("succeeded", True, None),
 ])
 def test_run_standing_names_the_run_dir_and_its_status(tmp_path, status, sealed, says):
@@ -161,10 +162,10 @@ def test_run_standing_names_the_run_dir_and_its_status(tmp_path, status, sealed,
     if status:
         (run_dir / "status.json").write_text(json.dumps({"schema": "rlk-kit/run-status/v1", "status": status}))
     if sealed:
-        (run_dir / "seal.json").write_text("{}")
+        (run_dir / "seal.json").write_text(json.dumps({"validation_passed": sealed is True}))
     standing = run_standing(run_dir)
     if says is None:
         assert standing is None
     else:
-        assert standing["run"] == str(run_dir) and standing["status"] == status and standing["sealed"] is sealed
+        assert standing["run"] == str(run_dir) and standing["status"] == status and standing["sealed"] is bool(sealed)
         assert standing["reason"].startswith(f"{run_dir}: {says}")
