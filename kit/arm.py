@@ -76,6 +76,15 @@ def with_overrides(doc: dict, *, operators: dict | None = None, topology: dict |
     return out
 
 
+# The reward each engine implements; an arm without workload.algorithm gets GRPO with it.
+ENGINE_REWARD = {"vime": "deepscaler", "smoke": "copy"}
+
+
+def algorithm_of(doc: dict) -> dict:
+    """The arm's ``workload.algorithm``, or the default an older arm without it means."""
+    return doc["workload"].get("algorithm") or {"advantage_estimator": "grpo", "reward_model": ENGINE_REWARD[doc["engine"]]}
+
+
 def arm_rule_problems(doc: dict, stack: Stack | None) -> list[tuple[str, str]]:
     """Semantic rules over a schema-valid arm document (reference §1.5, §1.6, §2.3)."""
     out: list[tuple[str, str]] = []
@@ -103,8 +112,8 @@ def arm_rule_problems(doc: dict, stack: Stack | None) -> list[tuple[str, str]]:
                     f"{wl['global_batch_size']} must equal rollout_batch_size × samples_per_prompt = "
                     f"{wl['rollout_batch_size'] * wl['samples_per_prompt']} (one optimizer step per rollout)"))
     # each engine implements one reward: VIME's deepscaler math reward, the smoke workload's copy reward
-    reward = {"vime": "deepscaler", "smoke": "copy"}[doc["engine"]]
-    if wl["algorithm"]["reward_model"] != reward:
+    reward = ENGINE_REWARD[doc["engine"]]
+    if "algorithm" in wl and wl["algorithm"]["reward_model"] != reward:
         out.append(("/workload/algorithm/reward_model", f"{wl['algorithm']['reward_model']!r}: a {doc['engine']} arm "
                                                         f"is rewarded by {reward!r}"))
     kl = wl["kl"]

@@ -151,7 +151,6 @@ def test_tag_where_digest_required_fails(lock_dir):
     (lambda d: d["workload"].update(seed="1234"), "/workload/seed"),
     (lambda d: d["workload"]["algorithm"].update(reward_model="copy"), "/workload/algorithm/reward_model"),
     (lambda d: d["workload"]["algorithm"].update(advantage_estimator="ppo"), "/workload/algorithm/advantage_estimator"),
-    (lambda d: d["workload"].pop("algorithm"), "/workload"),
 ])
 def test_bad_arm_rules_fail_with_pointer(lock_dir, mutate, pointer):
     path = lock_dir / "G10.json"
@@ -221,3 +220,19 @@ def test_an_arm_file_named_like_a_generated_arm_fails_the_matrix(lock_dir):
     (lock_dir / "M000.json").write_text(json.dumps(doc))
     result = run("verify", str(lock_dir / "module-matrix.json"))
     assert result.exit_code == 1 and "generated arm M000 collides with a written arm" in result.output, result.output
+
+
+def test_an_arm_without_algorithm_means_grpo_with_its_engines_reward(lock_dir):
+    """Arms written before workload.algorithm existed still verify and plan: GRPO, the engine's reward."""
+    from kit.arm import algorithm_of
+    from kit.vime.command import train_command
+
+    path = lock_dir / "G10.json"
+    edit(path, lambda d: d["workload"].pop("algorithm"))
+    assert run("verify", str(path)).exit_code == 0
+    doc = json.loads(path.read_text())
+    assert algorithm_of(doc) == {"advantage_estimator": "grpo", "reward_model": "deepscaler"}
+    layout = {"tp": 4, "cp": 2, "rollout_tp": 4, "rollout_cp": 1, "actor_gpus": 8, "rollout_gpus": 8,
+              "offload_train": False, "vllm_gpu_memory_utilization": 0.4}
+    argv = train_command(doc, layout, "/workspace/runs/r", capture_sizes=[1, 2]).argv
+    assert argv[argv.index("--rm-type") + 1] == "deepscaler" and argv[argv.index("--advantage-estimator") + 1] == "grpo"

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kit import image_layout as L
+from kit.arm import algorithm_of
 
 MODEL_ARGS = [
     "--swiglu", "--num-layers", "{layers}", "--hidden-size", "{hidden}", "--ffn-hidden-size", "{ffn_hidden}",
@@ -173,6 +174,7 @@ def capture_sizes_json(sizes: list[int]) -> str:
 def train_command(arm: dict, layout: dict, run_dir: str, *, capture_sizes: list[int],
                   launcher: LauncherRevision = LAUNCHERS[CURRENT]) -> TrainCommand:
     m, wl, ops = arm["model"], arm["workload"], arm["operators"]
+    algorithm = algorithm_of(arm)
     tp, cp, rtp, rcp = layout["tp"], layout["cp"], layout["rollout_tp"], layout["rollout_cp"]
     argv = [L.PYTHON, "train.py",
             "--train-backend", "megatron", "--actor-num-nodes", "1",
@@ -183,7 +185,7 @@ def train_command(arm: dict, layout: dict, run_dir: str, *, capture_sizes: list[
     argv += ["--hf-checkpoint", L.MODEL_DIR, "--ref-load", L.CHECKPOINT_DIR, "--load", f"{run_dir}/initial-load",
              "--prompt-data", f"{L.DATA_DIR}/dapo-math-17k.jsonl",
              "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
-             "--rm-type", wl["algorithm"]["reward_model"], "--advantage-estimator", wl["algorithm"]["advantage_estimator"],
+             "--rm-type", algorithm["reward_model"], "--advantage-estimator", algorithm["advantage_estimator"],
              "--num-rollout", str(wl["rollouts"]), "--rollout-batch-size", str(wl["rollout_batch_size"]),
              "--n-samples-per-prompt", str(wl["samples_per_prompt"]), "--rollout-max-response-len", str(wl["max_response_len"])]
     if launcher.sampling_from_arm:
