@@ -21,7 +21,6 @@ Beside ``dest`` the check that was made is recorded (``<dest>.download.json``,
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -154,15 +153,14 @@ RECORD_SCHEMA = schema_id("download-record")
 def _write_record(got: Download) -> None:
     import datetime as _dt
 
+    from kit.documents import replace_document
+
     doc = {"schema": RECORD_SCHEMA, "url": got.url, "file": got.path.name, "sha256": got.sha256, "size": got.size,
            "checksum_source": got.checksum_source, "expected_sha256": got.expected_sha256,
            "completed_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "kit_version": __version__}
-    where = record_path(got.path)
-    require_valid(doc, str(where), RECORD_SCHEMA)
-    tmp = where.with_name(f".{where.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, where)   # replaces the record of an earlier, abandoned download of the same file
+    # replaces the record of an earlier, abandoned download of the same file (validated, fsynced)
+    replace_document(record_path(got.path), doc, expected=RECORD_SCHEMA)
 
 
 def read_record(dest: Path | str) -> dict | None:
