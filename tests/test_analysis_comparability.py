@@ -194,3 +194,14 @@ def test_seeds_of_one_arm_pool_and_a_pooled_run_that_fails_verify_is_named(tmp_p
     assert doc["comparison"]["controlled"] is False and doc["comparison"]["label"] == "descriptive, not causal"
     (reason,) = doc["comparison"]["pairs"][0]["reasons"]
     assert f"native (pooled run {seed2})" in reason and "/run.log: changed" in reason
+
+
+def test_the_headline_names_the_first_reasons_and_counts_the_rest():
+    """It goes into every figure's subtitle; the full list stays in pairs[].reasons."""
+    from kit.analysis.comparability import Comparability, PairVerdict
+
+    reasons = tuple(f"runs/r{i}: /run.log: changed" for i in range(5))
+    verdict = Comparability((PairVerdict("a", "b", False, reasons, ()),))
+    line = verdict.headline()
+    assert all(r in line for r in reasons[:3]) and reasons[3] not in line and line.endswith("; and 2 more)")
+    assert verdict.to_json()["pairs"][0]["reasons"] == list(reasons)

@@ -19,6 +19,7 @@ from typing import Callable, Mapping, Sequence
 
 CONTROLLED_LABEL = "controlled comparison"
 DESCRIPTIVE_LABEL = "descriptive, not causal"
+HEADLINE_REASONS = 3   # reasons a headline names before 'and N more'
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,11 @@ class Comparability:
             return "single arm: no comparison"
         if self.controlled:
             return "controlled comparison (kit compare: only declared factors differ)"
-        reasons = "; ".join(dict.fromkeys(r for p in self.pairs for r in p.reasons))
-        return f"NOT a controlled comparison: differences are {DESCRIPTIVE_LABEL} ({reasons})"
+        # the first reasons only: the line goes into figure subtitles; pairs[].reasons keeps them all
+        distinct = list(dict.fromkeys(r for p in self.pairs for r in p.reasons))
+        shown = "; ".join(distinct[:HEADLINE_REASONS])
+        more = f"; and {len(distinct) - HEADLINE_REASONS} more" if len(distinct) > HEADLINE_REASONS else ""
+        return f"NOT a controlled comparison: differences are {DESCRIPTIVE_LABEL} ({shown}{more})"
 
     def to_json(self) -> dict:
         return {"applicable": self.applicable, "controlled": self.controlled, "label": self.label,
