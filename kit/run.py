@@ -174,21 +174,29 @@ def _same_path(a: str | Path | None, b: str | Path) -> bool:
     return a is not None and Path(a).resolve() == Path(b).resolve()
 
 
-def check_pinned_prompt_data(request: RunRequest, path: Path) -> None:
-    """CheckFailed (before any run dir exists) when the arm pins a prompt-data sha256 the file does not have."""
-    pin = (request.arm.document.get("inputs") or {}).get("prompt_data_sha256")
-    if pin is None:
+def check_pinned_inputs(request: RunRequest, files: dict[str, Path], progress: TextIO | None = None) -> None:
+    """CheckFailed, before any run dir exists, when the arm pins an input hash (``inputs``) that its
+    file does not have: the prompt data's sha256, the model's tree sha256."""
+    pins = request.arm.document.get("inputs") or {}
+    if not pins:
         return
-    from kit.inputs import HashCache, hash_file_cached
+    from kit.inputs import HashCache, hash_file_cached, hash_tree, tree_sha256
     from kit.prepare import Workspace
 
-    cache = HashCache(Workspace(request.workspace).hash_cache)
-    actual = hash_file_cached(path, cache)
-    cache.save()
-    if actual != pin:
-        raise CheckFailed(f"{path}: sha256 {actual} is not the {pin} arm {request.arm.name} pins "
-                          "(inputs.prompt_data_sha256); prepare the published data with kit prepare, or give "
-                          "--prompt-data FILE with that hash")
+    cache_path = Workspace(request.workspace).hash_cache
+    found = {}
+    if "prompt_data_sha256" in pins:
+        cache = HashCache(cache_path)
+        found["prompt_data_sha256"] = (files["prompt_data"], hash_file_cached(files["prompt_data"], cache),
+                                       "--prompt-data FILE")
+        cache.save()
+    if "model_tree_sha256" in pins:   # cached per file: the manifest's hashing later answers from it
+        found["model_tree_sha256"] = (files["model"], tree_sha256(hash_tree(files["model"], cache_path,
+                                                                             progress=progress)), "--model DIR")
+    for field, (path, actual, flag) in found.items():
+        if actual != pins[field]:
+            raise CheckFailed(f"{path}: sha256 {actual} is not the {pins[field]} arm {request.arm.name} pins "
+                              f"(inputs.{field}); prepare it with kit prepare, or give {flag} with that hash")
 
 
 def input_mounts(files: dict[str, Path]) -> dict[str, str]:
@@ -419,7 +427,7 @@ def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callabl
 
     files = vime_input_files(request) if request.arm.engine == "vime" else {}
     if files:
-        check_pinned_prompt_data(request, files["prompt_data"])
+        check_pinned_inputs(request, files, progress)
     runtime = make_runtime(request.runtime, arm=request.arm, image=request.image, workspace=workspace, run_id=run_id,
                            ray_address=request.ray_address, network=request.network, ray_head=request.ray_head,
                            input_mounts=input_mounts(files) if files else None)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kit.catalog import Catalog
-from kit.errors import BadInput
+from kit.errors import BadInput, CheckFailed
 from kit.run import RunRequest, input_mounts, vime_input_files
 
 from conftest import run_kit
@@ -154,3 +154,21 @@ def test_a_default_never_pairs_a_checkpoint_with_another_model(tmp_path, inputs)
     files = vime_input_files(RunRequest(arm=arm, workspace=ws_root, runtime="docker", checkpoint=ckpt))
     assert files["model"] == model_a.resolve()
     assert Workspace(ws_root).checkpoint_provenance(ckpt).is_file()
+
+
+def test_a_model_other_than_the_arms_pin_is_refused_before_anything_starts(tmp_path, inputs):
+    import hashlib
+
+    from kit.inputs import hash_tree, tree_sha256
+    from kit.run import check_pinned_inputs
+
+    arm = Catalog.default().arm("native")
+    data = inputs / "ws" / "data" / "dapo-math-17k.jsonl"
+    pins = {"prompt_data_sha256": hashlib.sha256(data.read_bytes()).hexdigest(),
+            "model_tree_sha256": tree_sha256(hash_tree(inputs / "model"))}
+    pinned = Catalog.default().arm_from_document({**arm.document, "inputs": pins}, "pinned arm")
+    files = {"model": inputs / "model", "checkpoint": inputs / "ckpt", "prompt_data": data}
+    check_pinned_inputs(RunRequest(arm=pinned, workspace=inputs / "ws", runtime="docker"), files)   # both hold
+    (inputs / "model" / "model.safetensors").write_bytes(b"v" * 64)
+    with pytest.raises(CheckFailed, match="inputs.model_tree_sha256"):
+        check_pinned_inputs(RunRequest(arm=pinned, workspace=inputs / "ws", runtime="docker"), files)
