@@ -392,7 +392,7 @@ def check_arm_image(ctx: Context) -> Check:
                      f"run kit build {platform} --arm {arm.name}")
     from kit.runtimes.docker import DockerRuntime
 
-    ref = DockerRuntime.image_ref(image)
+    ref = DockerRuntime.ref_of(image)
     try:
         from kit.images import check_image
     except ImportError:

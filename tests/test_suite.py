@@ -359,7 +359,7 @@ def test_the_docker_suite_pins_one_image_for_all_arms(tmp_path, cpu_image):
                                             workspace=tmp_path, allow_dirty=True))
     image = cpu_image_client().images.get(chosen.image_id)
     assert image.labels["dev.rlk-kit.stack.sha256"] == plan.stack_sha256
-    assert chosen.image == DockerRuntime.image_ref(image)
+    assert chosen.image == DockerRuntime.ref_of(image)
     assert list(tmp_path.iterdir()) == []     # planning writes nothing
 
 

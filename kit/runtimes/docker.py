@@ -148,7 +148,7 @@ class DockerRuntime(RayJobRuntime):
         return max(found, key=cls.image_age_key, default=None)
 
     @staticmethod
-    def image_ref(image) -> str:
+    def ref_of(image) -> str:
         """How an image is named in manifests and reports: its first tag in sorted order, else its id."""
         return min(image.tags) if image.tags else image.id
 
@@ -160,7 +160,7 @@ class DockerRuntime(RayJobRuntime):
             raise BadInput(f"no {arm.platform} image on this engine carries stack {arm.stack.name} "
                            f"({arm.stack.sha256[:12]}); build it with `kit build {arm.platform} --arm {arm.name}` "
                            "or pass --image REF")
-        return cls.image_ref(image)
+        return cls.ref_of(image)
 
     def _find_image(self) -> str:
         return self.image_for_arm(self.client, self.arm)
