@@ -244,17 +244,7 @@ def test_attach_refuses_what_it_cannot_finish(strict_run, tmp_path):
 
 
 def test_attach_refuses_a_run_that_was_not_detached(tmp_path):
-    env = dict(os.environ, KIT_WORKSPACE=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--arm", "smoke", "--rollouts", "40", "--run-id",
-                             "not-detached", "--allow-dirty"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    run_dir = tmp_path / "runs" / "not-detached"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not ((run_dir / "run.log").exists() and "step 0:" in (run_dir / "run.log").read_text()):
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    run_dir = _interrupted(tmp_path, "not-detached", signal.SIGINT)
     attached = kit("run", "--attach", str(run_dir))
     assert attached.returncode == 2 and "interrupted" in attached.stderr and "detached" in attached.stderr
 
@@ -287,7 +277,8 @@ def test_metrics_lines_are_validated_as_they_are_written():
         metrics_lines([records[0], Record("stp", 1, {"train/loss": 1.0}, 2)])
 
 
-def _interrupted(workspace, run_id: str):
+def _interrupted(workspace, run_id: str, signum=signal.SIGTERM):
+    """A smoke run stopped by ``signum`` once its first step is logged; its run dir."""
     env = dict(os.environ, KIT_WORKSPACE=str(workspace))
     proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--arm", "smoke", "--rollouts", "40", "--run-id", run_id,
                              "--allow-dirty"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -295,7 +286,7 @@ def _interrupted(workspace, run_id: str):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not ((run_dir / "run.log").exists() and "step 0:" in (run_dir / "run.log").read_text()):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     proc.communicate(timeout=120)
     assert proc.returncode == 130
     return run_dir
