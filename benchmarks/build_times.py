@@ -27,9 +27,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "build_times.json")
     args = parser.parse_args()
 
-    from kit import smoke_sources
-    from kit.catalog import Catalog
-    from kit.images import build_image, engine, plan_build
+    from kit.build import smoke_sources
+    from kit.model.catalog import Catalog
+    from kit.build.images import build_image, engine, plan_build
 
     client = engine()
     stack = Catalog.default().stack("smoke")

@@ -22,8 +22,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kit.inputs import hash_tree
-from kit.prepare import convert_rows, read_rows
+from kit.inputs.files import hash_tree
+from kit.inputs.prepare import convert_rows, read_rows
 
 PUBLISHED_ROWS = 1_791_700  # approximate row count of the published train parquet (~17.9k problems, ~100 copies each)
 

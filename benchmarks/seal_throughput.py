@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=16)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    from kit import evidence as E
+    from kit.evidence import bundle as E
     from test_evidence import minimal_manifest
 
     total = int(args.gib * (1 << 30))

@@ -25,7 +25,7 @@ def run_manifest(arm_name: str, run_id: str, **workload) -> dict:
     overrides fields of the arm's workload (seeds)."""
     import copy
 
-    from kit.catalog import Catalog
+    from kit.model.catalog import Catalog
 
     arm = Catalog.default().arm(arm_name)
     doc = copy.deepcopy(arm.document)
@@ -62,7 +62,7 @@ def kit_workspace():
 @pytest.fixture(scope="session")
 def smoke_source_repos(tmp_path_factory):
     """The three fixture repositories at the smoke stack's pins: {name: path}."""
-    from kit import smoke_sources
+    from kit.build import smoke_sources
 
     root = tmp_path_factory.mktemp("smoke-sources")
     return {name: smoke_sources.materialize(name, root / name) for name in smoke_sources.fixture_names()}

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from fixtures_vime_logs import published_rounds, synthetic_rows, write_log
-from kit import evidence as E
+from kit.evidence import bundle as E
 from kit.cli import cli
 
 from conftest import run_manifest

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from fixtures_vime_logs import DATA, synthetic_rows, write_log
 from kit.cli import cli
-from kit.documents import schema_problems
+from kit.model.documents import schema_problems
 
 PUBLISHED_ROUNDS_HEADER = (DATA / "rounds.csv").read_text().splitlines()[0].split(",")
 PUBLISHED_RUNS_HEADER = (DATA / "runs.csv").read_text().splitlines()[0].split(",")
@@ -114,8 +114,8 @@ def test_repeated_run_id_is_refused(tmp_path):
 
 def _validation_report(arm_name: str, engine_lines: list[str]) -> dict:
     """validation.json as kit run writes it: the real gate table applied to the engine's lines."""
-    from kit.catalog import Catalog
-    from kit.gates import RunEvidence, evaluate
+    from kit.model.catalog import Catalog
+    from kit.gates.rules import RunEvidence, evaluate
 
     arm = Catalog.default().arm(arm_name).document
     report = evaluate(RunEvidence(arm=arm, job_status="SUCCEEDED", engine_lines=engine_lines), run_id="r1")
@@ -124,7 +124,7 @@ def _validation_report(arm_name: str, engine_lines: list[str]) -> dict:
 
 
 def _engine_echo(arm_name: str) -> list[str]:
-    from kit.catalog import Catalog
+    from kit.model.catalog import Catalog
 
     sizes = Catalog.default().arm(arm_name).document["graph"]["capture_sizes"]
     return [f"INFO engine config: cudagraph_mode=<CUDAGraphMode.FULL_DECODE_ONLY: 2>, enforce_eager=False, "

@@ -17,7 +17,7 @@ from kit.analysis.perf import analyze_perf, step_rows
 from kit.analysis.stats import Resampler, ols, t_quantile
 from kit.analysis.table import load_arm
 from kit.cli import cli
-from kit.documents import schema_problems
+from kit.model.documents import schema_problems
 
 
 def run_dir(root: Path, name: str, rows, gbs=8, max_len=256) -> Path:

@@ -9,8 +9,8 @@ from hypothesis import given, settings, strategies as st
 
 from fixtures_vime_logs import synthetic_rows, write_log
 from kit.analysis.table import load_arm
-from kit.errors import BadInput
-from kit.vime.records import RecordConflict, collect_steps, generation_progress_seconds, parse_records
+from kit.model.errors import BadInput
+from kit.engines.vime.records import RecordConflict, collect_steps, generation_progress_seconds, parse_records
 
 
 def steps_of(lines):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.documents import schema_problems
+from kit.model.documents import schema_problems
 
 ROLLOUTS = 3
 

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from kit.cli import cli
-from kit.vime.records import parse_records
+from kit.engines.vime.records import parse_records
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLLOUTS = 3

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from kit.catalog import Catalog
+from kit.model.catalog import Catalog
 from kit.cli.plan import select_arm
-from kit.compare import compare_run_manifests, compare_arms
+from kit.evidence.compare import compare_run_manifests, compare_arms
 
 FREEZE = ["click==8.4.0", "numpy==2.4.6", "ray==2.60.0", "torch==2.13.0+cpu"]
 
@@ -132,8 +132,8 @@ def test_conformance_fingerprint_absent_on_one_side_is_not_measured_but_two_valu
 
 
 def test_comparison_document_names_runs_that_are_no_evidence():
-    from kit.compare import Comparison
-    from kit.documents import schema_problems
+    from kit.evidence.compare import Comparison
+    from kit.model.documents import schema_problems
 
     standing = {"run": "ws/runs/r2", "status": "failed", "sealed": False,
                 "reason": "ws/runs/r2: status failed, not sealed; only a run that succeeded and was sealed is comparable evidence"}
@@ -155,7 +155,7 @@ def test_comparison_document_names_runs_that_are_no_evidence():
     ("succeeded", True, None),
 ])
 def test_run_standing_names_the_run_dir_and_its_status(tmp_path, status, sealed, says):
-    from kit.compare import run_standing
+    from kit.evidence.compare import run_standing
 
     run_dir = tmp_path / "r1"
     run_dir.mkdir()

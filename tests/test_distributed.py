@@ -40,7 +40,7 @@ from rlk_kernels.distributed_check import (
 )
 
 from kit.cli import cli
-from kit.documents import schema_problems
+from kit.model.documents import schema_problems
 
 SCHEMA = "rlk-kit/distributed-check/v1"
 

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from kit.cli import cli
-from kit.doctor import (
+from kit.run.doctor import (
     FAIL,
     PASS,
     SKIP,
@@ -43,9 +43,9 @@ from kit.doctor import (
     observe_ray,
     run_doctor,
 )
-from kit.documents import schema_problems
-from kit.inputs import hash_tree, tree_sha256
-from kit.prepare import PUBLISHED_OUTPUT_SHA256, Workspace, prepare_dataset, prepare_model
+from kit.model.documents import schema_problems
+from kit.inputs.files import hash_tree, tree_sha256
+from kit.inputs.prepare import PUBLISHED_OUTPUT_SHA256, Workspace, prepare_dataset, prepare_model
 from fixtures_prepare import EXPECTED_JSONL, make_model, write_parquet
 
 GiB = 1 << 30
@@ -175,8 +175,8 @@ def test_unknown_arm_is_bad_input():
 
 
 def test_unknown_arm_names_the_argument_it_came_from():
-    from kit.catalog import Catalog
-    from kit.errors import BadInput
+    from kit.model.catalog import Catalog
+    from kit.model.errors import BadInput
 
     with pytest.raises(BadInput, match=r"^unknown arm 'zz'; accepted"):  # no command line: no flag
         Catalog.default().arm("zz")
@@ -376,7 +376,7 @@ def test_prompt_data_against_the_published_hash(tmp_path):
 def make_checkpoint(ws: Path, stack_sha256: str, model_tree_sha256: str, created_at="2026-01-01T00:00:00Z",
                     platform="cuda") -> Path:
     """A converted checkpoint with its provenance, as kit prepare --convert-checkpoint writes them."""
-    from kit.documents import write_new_document
+    from kit.model.documents import write_new_document
 
     w = Workspace(ws)
     ckpt = w.checkpoint_dir(stack_sha256, model_tree_sha256)

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kit import evidence as E
-from kit.catalog import Catalog
-from kit.compare import compare_run_manifests
-from kit.documents import require_valid_as, schema_problems
-from kit.errors import BadInput, CheckFailed
-from kit.redact import REDACTED, Redactor, redact_env
+from kit.evidence import bundle as E
+from kit.model.catalog import Catalog
+from kit.evidence.compare import compare_run_manifests
+from kit.model.documents import require_valid_as, schema_problems
+from kit.model.errors import BadInput, CheckFailed
+from kit.evidence.redact import REDACTED, Redactor, redact_env
 
 from conftest import run_manifest
 

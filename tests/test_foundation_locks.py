@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kit.catalog import Catalog
+from kit.model.catalog import Catalog
 from kit.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,8 +186,8 @@ def test_readable_but_invalid_beats_nothing_and_unreadable_wins(tmp_path, lock_d
 
 
 def test_platform_packages_override_the_stacks_own():
-    from kit.build_plan import build_args
-    from kit.probe import identity_differences
+    from kit.build.plan import build_args
+    from kit.build.probe import identity_differences
 
     stack = Catalog.load(MANIFESTS).stack("vime-g10")
     assert stack.packages_for("cuda")["torch"] == "2.9.1"
@@ -206,8 +206,8 @@ def test_two_lock_files_with_one_name_fail_verify_and_are_refused_by_name(lock_d
     twin.write_text((lock_dir / "smoke.json").read_text())
     result = run("verify", str(lock_dir / "smoke.json"), str(twin))
     assert result.exit_code == 1 and "/name" in result.output and "also used by" in result.output, result.output
-    from kit.catalog import Catalog
-    from kit.errors import BadInput
+    from kit.model.catalog import Catalog
+    from kit.model.errors import BadInput
 
     with pytest.raises(BadInput, match="defined by 2 files"):
         Catalog.load(lock_dir).arm("smoke", flag="--arm")
@@ -224,8 +224,8 @@ def test_an_arm_file_named_like_a_generated_arm_fails_the_matrix(lock_dir):
 
 def test_an_arm_without_algorithm_means_grpo_with_its_engines_reward(lock_dir):
     """Arms written before workload.algorithm existed still verify and plan: GRPO, the engine's reward."""
-    from kit.arm import algorithm_of
-    from kit.vime.command import train_command
+    from kit.model.arm import algorithm_of
+    from kit.engines.vime.command import train_command
 
     path = lock_dir / "G10.json"
     edit(path, lambda d: d["workload"].pop("algorithm"))

@@ -10,9 +10,9 @@ import shlex
 
 import pytest
 
-from kit.catalog import Catalog
-from kit.gates import GATE_SET_VERSION, GATES, RunEvidence, evaluate, is_command_echo
-from kit.plan import resolve_plan
+from kit.model.catalog import Catalog
+from kit.gates.rules import GATE_SET_VERSION, GATES, RunEvidence, evaluate, is_command_echo
+from kit.run.plan import resolve_plan
 
 STEPS = 3
 
@@ -88,7 +88,7 @@ def test_good_vime_log_passes_every_applicable_gate(strict_arm):
     assert statuses["operator-routes"] == "passed"
     assert statuses["operator-readbacks"] == "not_applicable"
     assert report["summary"]["steps_observed"] == STEPS
-    from kit.documents import schema_problems
+    from kit.model.documents import schema_problems
     assert schema_problems(report, "validation-report") == []
 
 
@@ -250,7 +250,7 @@ def test_summary_falls_back_to_the_arms_global_batch_size(native_arm):
                                   engine_lines=good_log(native_arm, letter="P", mismatch=12.5)), run_id="t")
     assert report["summary"]["mismatch_count_last"] == pytest.approx(12.5 * gbs)
     assert report["summary"]["mismatch_count_total"] == pytest.approx(12.5 * gbs * STEPS)
-    from kit.documents import schema_problems
+    from kit.model.documents import schema_problems
     assert schema_problems(report, "validation-report") == []
 
 
@@ -263,8 +263,8 @@ def test_summary_of_a_run_without_mismatch_records(strict_arm):
 def test_progress_display_shows_the_count(native_arm):
     import io
 
-    from kit.run import Progress
-    from kit.vime.records import parse_records
+    from kit.run.execute import Progress
+    from kit.engines.vime.records import parse_records
 
     out = io.StringIO()
     bar = Progress(STEPS, out, native_arm)

@@ -1,4 +1,4 @@
-"""The Dockerfiles name in-image paths literally; each must be one of kit/image_layout.py's.
+"""The Dockerfiles name in-image paths literally; each must be one of kit/build/layout.py's.
 
 The probe, the runtime and the VIME command builder read the table; an image laid out otherwise
 would make them look in the wrong place, so a path written in a Dockerfile and not in the table
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from kit import image_layout as L
+from kit.build import layout as L
 
 from conftest import REPO
 
@@ -33,7 +33,7 @@ def test_every_in_image_path_of_a_dockerfile_is_in_the_layout(dockerfile):
     named = {m.group(0).rstrip("/.") for m in _PATH_RE.finditer(text)}
     assert named, f"{dockerfile} names no /opt/rlk path"
     unknown = sorted(named - _allowed_paths())
-    assert not unknown, f"{dockerfile} names {unknown}, which kit/image_layout.py does not"
+    assert not unknown, f"{dockerfile} names {unknown}, which kit/build/layout.py does not"
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)

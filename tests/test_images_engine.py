@@ -11,10 +11,10 @@ import subprocess
 
 import pytest
 
-from kit import smoke_sources
-from kit.catalog import Catalog
-from kit.errors import BadInput
-from kit.images import base_image_id, check_image, verify_image_by_probe
+from kit.build import smoke_sources
+from kit.model.catalog import Catalog
+from kit.model.errors import BadInput
+from kit.build.images import base_image_id, check_image, verify_image_by_probe
 
 from conftest import REPO, run_kit
 
@@ -53,7 +53,7 @@ def test_labels_hold_the_pins(cpu_image, smoke_stack, docker_engine):
 
 
 def test_build_record_is_written_and_valid(cpu_image, kit_workspace):
-    from kit.documents import read_json_file, schema_problems
+    from kit.model.documents import read_json_file, schema_problems
 
     records = sorted((kit_workspace / "builds").glob(cpu_image.tag.replace("/", "_").replace(":", "_") + "-*.json"))
     assert records

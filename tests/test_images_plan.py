@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from kit import smoke_sources
-from kit.build_plan import ContextEntry, build_args, context_tar, inputs_sha256, labels, pin_labels
-from kit.documents import schema_problems
-from kit.build_sources import parse_source_overrides
-from kit.catalog import Catalog
-from kit.documents import sha256_of_file
-from kit.errors import BadInput
+from kit.build import smoke_sources
+from kit.build.plan import ContextEntry, build_args, context_tar, inputs_sha256, labels, pin_labels
+from kit.model.documents import schema_problems
+from kit.build.sources import parse_source_overrides
+from kit.model.catalog import Catalog
+from kit.model.documents import sha256_of_file
+from kit.model.errors import BadInput
 
 from conftest import REPO, run_kit
 
@@ -277,8 +277,8 @@ def test_dockerfiles_install_nothing_unpinned(dockerfile):
 
 
 def test_context_file_changed_after_listing_is_refused_when_the_tar_is_made(tmp_path):
-    from kit.build_plan import ContextEntry, context_tar
-    from kit.errors import CheckFailed
+    from kit.build.plan import ContextEntry, context_tar
+    from kit.model.errors import CheckFailed
 
     wheel = tmp_path / "six-1.17.0-py2.py3-none-any.whl"
     wheel.write_bytes(b"original wheel bytes")
@@ -292,8 +292,8 @@ def test_context_file_changed_after_listing_is_refused_when_the_tar_is_made(tmp_
 
 def test_a_bare_mirror_is_accepted_as_a_source_when_it_holds_the_pin(tmp_path):
     """A mirror has no worktree to be 'at' a commit: holding the pinned commit is what counts."""
-    from kit.build_sources import check_at_pin
-    from kit.errors import CheckFailed
+    from kit.build.sources import check_at_pin
+    from kit.model.errors import CheckFailed
 
     repo = tmp_path / "vime"
     smoke_sources.materialize("vime", repo)

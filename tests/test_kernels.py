@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kit.cli import cli
-from kit.documents import schema_problems
+from kit.model.documents import schema_problems
 from rlk_kernels import ops, primitives as pr
 from rlk_kernels.collectives import VirtualGroup, all_reduce_fixed_tree, all_reduce_rank_order
 from rlk_kernels.conformance import conformance_fingerprint, run_check

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from fixtures_prepare import EXPECTED_JSONL, make_model, rows, write_parquet
 from kit.cli import cli
-from kit.documents import schema_problems
-from kit.errors import BadInput, CheckFailed
-from kit.inputs import HashCache, hash_file_cached, hash_tree, tree_sha256
-from kit.prepare import (
+from kit.model.documents import schema_problems
+from kit.model.errors import BadInput, CheckFailed
+from kit.inputs.files import HashCache, hash_file_cached, hash_tree, tree_sha256
+from kit.inputs.prepare import (
     PUBLISHED_OUTPUT_SHA256,
     PUBLISHED_URL,
     Workspace,
@@ -258,7 +258,7 @@ def test_default_workspace_is_where_kit_run_reads(tmp_path, parquet, monkeypatch
 
 
 def test_prepare_result_schema_refuses_what_it_does_not_describe():
-    from kit.documents import schema_problems as problems
+    from kit.model.documents import schema_problems as problems
 
     entry = {"path": "/ws/x", "provenance": "/ws/p.json", "reused": False,
              "document": {"schema": "rlk-kit/provenance/v1", "kind": "model"}}
@@ -284,7 +284,7 @@ def test_model_hashing_shows_progress_on_stderr(tmp_path):
     # throttled: with a zero interval every block is reported, each line counting up to the total
     import io
 
-    from kit.inputs import HashProgress, hash_file_cached, list_tree
+    from kit.inputs.files import HashProgress, hash_file_cached, list_tree
 
     names = list_tree(model)
     stream = io.StringIO()

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from kit.cli import cli
-from kit.documents import schema_problems
-from kit.download import download, partial_path
-from kit.errors import BadInput
-from kit.prepare import Workspace, prepare_dataset
+from kit.model.documents import schema_problems
+from kit.inputs.download import download, partial_path
+from kit.model.errors import BadInput
+from kit.inputs.prepare import Workspace, prepare_dataset
 from fixtures_prepare import EXPECTED_JSONL, write_parquet
 
 
@@ -213,7 +213,7 @@ def test_unreachable_source_names_the_flag(tmp_path, server):
 # --- the checksum on a redirect, and what a reused download was checked against ---------------------
 
 def test_checksum_stated_on_the_redirect_is_verified(tmp_path, server):
-    from kit.download import read_record, record_path
+    from kit.inputs.download import read_record, record_path
 
     got = download(server.redirecting_url, tmp_path / "f.parquet")
     assert server.redirects == 1 and got.path.read_bytes() == server.payload
@@ -256,7 +256,7 @@ def _forget_dataset(ws):
 
 
 def test_a_reused_download_records_the_check_it_had(tmp_path, parquet_server):
-    from kit.download import record_path
+    from kit.inputs.download import record_path
 
     ws = tmp_path / "ws"
     parquet_server.stated_sha256 = None          # this server states no checksum: size-checked only

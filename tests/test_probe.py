@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from kit import smoke_sources
-from kit.catalog import Catalog
-from kit.documents import schema_problems
-from kit.probe import identity_differences, observed_identity
+from kit.build import smoke_sources
+from kit.model.catalog import Catalog
+from kit.model.documents import schema_problems
+from kit.build.probe import identity_differences, observed_identity
 
 from conftest import run_kit
 
@@ -108,7 +108,7 @@ def test_a_missing_fingerprint_is_stated_not_dropped(repos, host_stack, monkeypa
 
 
 def test_extension_differences_name_removed_changed_and_added_objects():
-    from kit.probe import extension_differences
+    from kit.build.probe import extension_differences
 
     at_build = {"sources": [{"name": "rl-kernel", "extensions": {"a.so": "1" * 64, "b.so": "2" * 64}}]}
     now = {"sources": [{"name": "rl-kernel", "extensions": {"b.so": "3" * 64, "c.so": "4" * 64}},

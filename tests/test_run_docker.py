@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from kit import image_layout as L
+from kit.build import layout as L
 
 
 def kit(*args, env=None, timeout=600):
@@ -38,7 +38,7 @@ def test_docker_runtime_seals(cpu_image, ws):
     assert manifest["ray_cluster"]["start_command"][1:3] == ["start", "--head"]
     assert manifest["ray_job"]["submission_id"] == "rlk-dock-1"
     status = json.loads((run_dir / "status.json").read_text())
-    from kit.documents import sha256_of_file
+    from kit.model.documents import sha256_of_file
     assert status["job_info"]["metadata"]["manifest_sha256"] == sha256_of_file(run_dir / "manifest.json")
     assert status["job_info"]["metadata"]["image_id"] == cpu_image.image_id
     assert kit("verify", str(run_dir)).returncode == 0

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from kit.catalog import Catalog
-from kit.errors import BadInput, CheckFailed
-from kit.run import RunRequest, input_mounts, vime_input_files
+from kit.model.catalog import Catalog
+from kit.model.errors import BadInput, CheckFailed
+from kit.run.execute import RunRequest, input_mounts, vime_input_files
 
 from conftest import run_kit
 
@@ -67,9 +67,9 @@ def _converted_checkpoint(ws_root, arm, model_tree: str):
     """A torch_dist checkpoint and its provenance, as kit prepare --convert-checkpoint leaves them."""
     import os
 
-    from kit.documents import write_new_document
-    from kit.inputs import hash_tree, tree_sha256
-    from kit.prepare import Workspace
+    from kit.model.documents import write_new_document
+    from kit.inputs.files import hash_tree, tree_sha256
+    from kit.inputs.prepare import Workspace
 
     ws = Workspace(ws_root)
     ckpt = ws.checkpoint_dir(arm.stack.sha256, model_tree)
@@ -88,7 +88,7 @@ def _converted_checkpoint(ws_root, arm, model_tree: str):
 def test_model_and_checkpoint_default_to_what_kit_prepare_recorded_for_the_stack(tmp_path):
     """After kit prepare --model M --convert-checkpoint --arm A, kit run --arm A needs no input flags."""
     from fixtures_prepare import make_model
-    from kit.prepare import Workspace, prepare_model
+    from kit.inputs.prepare import Workspace, prepare_model
 
     arm = Catalog.default().arm("native")
     ws_root = tmp_path / "ws"
@@ -126,7 +126,7 @@ def test_prompt_data_other_than_the_arms_pin_is_refused_before_anything_starts(i
 def test_hashing_an_input_tree_reports_progress_and_then_answers_from_the_cache(inputs):
     import io
 
-    from kit.run import file_inputs
+    from kit.run.execute import file_inputs
 
     cache = inputs / "ws" / "cache" / "hashes.json"
     first = io.StringIO()
@@ -141,7 +141,7 @@ def test_hashing_an_input_tree_reports_progress_and_then_answers_from_the_cache(
 def test_a_default_never_pairs_a_checkpoint_with_another_model(tmp_path, inputs):
     """--model B alone does not take the checkpoint converted from model A; --checkpoint X alone takes X's model."""
     from fixtures_prepare import make_model
-    from kit.prepare import Workspace, prepare_model
+    from kit.inputs.prepare import Workspace, prepare_model
 
     arm = Catalog.default().arm("native")
     ws_root = inputs / "ws"
@@ -159,8 +159,8 @@ def test_a_default_never_pairs_a_checkpoint_with_another_model(tmp_path, inputs)
 def test_a_model_other_than_the_arms_pin_is_refused_before_anything_starts(tmp_path, inputs):
     import hashlib
 
-    from kit.inputs import hash_tree, tree_sha256
-    from kit.run import check_pinned_inputs
+    from kit.inputs.files import hash_tree, tree_sha256
+    from kit.run.execute import check_pinned_inputs
 
     arm = Catalog.default().arm("native")
     data = inputs / "ws" / "data" / "dapo-math-17k.jsonl"

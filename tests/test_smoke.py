@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.vime.records import parse_records
+from kit.engines.vime.records import parse_records
 from rlk_kernels.smoke import SmokeConfig, run_smoke, run_smoke_on_ray
 
 ARM = json.loads((Path(__file__).resolve().parents[1] / "manifests" / "smoke.json").read_text())

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kit.documents import schema_problems
-from kit.errors import BadInput
-from kit.suite import (
+from kit.model.documents import schema_problems
+from kit.model.errors import BadInput
+from kit.run.suite import (
     MODULE_ORDER,
     MatrixBase,
     SuiteRequest,
@@ -176,7 +176,7 @@ def test_a_run_id_used_beforehand_is_refused_before_anything_is_written(suite_t1
 def test_an_arm_that_fails_is_recorded_and_the_suite_continues(tmp_path, capsys):
     """The M100 run id is claimed by another run between planning and that arm's start (as a
     concurrent ``kit run`` would): kit run refuses it, the suite records it and runs the other seven."""
-    from kit import evidence as E
+    from kit.evidence import bundle as E
 
     plan = plan_module_suite(SuiteRequest(suite_id="t2", rollouts=1, stack="smoke", workspace=tmp_path,
                                           allow_dirty=True))
@@ -347,7 +347,7 @@ def test_an_image_of_another_stack_fails_before_the_suite_starts(tmp_path, docke
 def test_the_docker_suite_pins_one_image_for_all_arms(tmp_path, cpu_image):
     """The image is resolved once while planning (as kit run resolves it) and every arm is handed its id."""
     from kit.runtimes.docker import DockerRuntime
-    from kit.suite import _run_request
+    from kit.run.suite import _run_request
 
     plan = plan_module_suite(SuiteRequest(suite_id="p1", rollouts=1, stack="smoke", runtime="docker",
                                           image=cpu_image.tag, workspace=tmp_path, allow_dirty=True))
@@ -402,9 +402,9 @@ def test_json_is_offered_by_the_group_and_the_subcommand():
 
 
 def test_verdicts_from_kit_run_outcomes():
-    from kit.catalog import Catalog
-    from kit.run import RunOutcome
-    from kit.suite import ArmSpec, arm_entry
+    from kit.model.catalog import Catalog
+    from kit.run.execute import RunOutcome
+    from kit.run.suite import ArmSpec, arm_entry
 
     spec = ArmSpec("M000", Catalog.default().arm("smoke-M000"), "v1-smoke-m000")
     gates = [{"id": "steps-once", "status": "failed"}, {"id": "no-oom", "status": "passed"}]

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kit.catalog import Catalog
+from kit.model.catalog import Catalog
 from kit.cli import cli
-from kit.documents import schema_problems
-from kit.errors import BadInput
-from kit.plan import TopologyOverrides, resolve_plan
-from kit.stack import Stack
-from kit.vime import command as vime
+from kit.model.documents import schema_problems
+from kit.model.errors import BadInput
+from kit.run.plan import TopologyOverrides, resolve_plan
+from kit.model.stack import Stack
+from kit.engines.vime import command as vime
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"

@@ -73,7 +73,7 @@ class Comparability:
 
 def _default_compare() -> tuple[Callable | None, str | None]:
     try:
-        from kit.compare import compare_run_manifests  # lazy: owned by the comparison module
+        from kit.evidence.compare import compare_run_manifests  # lazy: owned by the comparison module
     except Exception as exc:  # ImportError, or a module that fails to import
         return None, f"kit.compare.compare_run_manifests is not available ({type(exc).__name__})"
     return compare_run_manifests, None

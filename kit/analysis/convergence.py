@@ -99,7 +99,7 @@ def _validation(arm) -> dict | None:
     for name in ("run-validation.json", "validation.json"):
         path = arm.run_dir / name
         if path.is_file():
-            from kit.documents import read_json_file
+            from kit.model.documents import read_json_file
 
             doc = read_json_file(path)
             return doc if isinstance(doc, dict) else None
@@ -200,7 +200,7 @@ def summarize(rows: list[dict], phase: str, group: str, run_count: int) -> dict:
 
 def analyze_convergence(arms, phase: str | None = None, compare=None) -> ConvergenceReport:
     from kit.analysis.comparability import assess
-    from kit.errors import BadInput
+    from kit.model.errors import BadInput
 
     runs, rounds = [], []
     for arm in arms:
@@ -251,7 +251,7 @@ def pooled_differences(first, other) -> list[tuple[str, object, object]]:
 
     kit compare's run view is used (arm, stack content, image, observed identity, volatile fields
     removed); a manifest it cannot read (no stack) is compared by its arm document alone."""
-    from kit.compare import ARM_FIELDS_NOT_COMPARED, classify, compare_run_manifests, flatten
+    from kit.evidence.compare import ARM_FIELDS_NOT_COMPARED, classify, compare_run_manifests, flatten
 
     try:
         diffs = compare_run_manifests(first.manifest, other.manifest).differences
@@ -265,7 +265,7 @@ def pooled_differences(first, other) -> list[tuple[str, object, object]]:
 def _refuse_unlike_pool(group: str, first, other) -> None:
     # Runs of one name are summarised as one arm: an R/R run pooled with a P/P run would make a
     # group that is neither. Bare logs cannot be checked; the verdict names them instead.
-    from kit.errors import BadInput
+    from kit.model.errors import BadInput
 
     if first.manifest is None or other.manifest is None:
         return

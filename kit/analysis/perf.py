@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from kit.analysis.comparability import CONTROLLED_LABEL, DESCRIPTIVE_LABEL, Comparability, assess
 from kit.analysis.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, Resampler, describe, ols
-from kit.errors import BadInput
+from kit.model.errors import BadInput
 
 STAGES = (
     # (id, label, step-metrics column, formula)

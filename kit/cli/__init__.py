@@ -17,7 +17,7 @@ import sys
 import click
 
 from kit import __version__
-from kit.errors import KitError
+from kit.model.errors import KitError
 
 # name -> (module, one-line purpose). Order is the pipeline order shown by --help.
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kit.documents import dumps_pretty, require_valid
+from kit.model.documents import dumps_pretty, require_valid
 
 
 def emit_json(doc: dict) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from kit.errors import BadInput, CheckFailed
+from kit.model.errors import BadInput, CheckFailed
 
 
 def default_workspace() -> Path:
@@ -38,10 +38,10 @@ def command(platform, arm, stack_name, sources, no_cache, dry_run, as_json, work
       kit build cuda --arm G10 --dry-run --json          # the plan, without an engine
       kit build rocm --stack vime-g11 --dry-run
     """
-    from kit.build_sources import parse_source_overrides
-    from kit.catalog import Catalog
-    from kit.documents import dumps_pretty, require_valid
-    from kit.images import build_image, plan_build
+    from kit.build.sources import parse_source_overrides
+    from kit.model.catalog import Catalog
+    from kit.model.documents import dumps_pretty, require_valid
+    from kit.build.images import build_image, plan_build
 
     if bool(arm) == bool(stack_name):
         raise BadInput("give exactly one of --arm NAME or --stack NAME")

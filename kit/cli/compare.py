@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from kit.cli._output import emit_json
-from kit.errors import BadInput
+from kit.model.errors import BadInput
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,11 +36,11 @@ def command(a, b, as_json):
                 other = "B" if name == "A" else "A"
                 raise BadInput(f"argument {name} ({value}): {what}; {other} is a run directory, so {name} must be "
                                "one too (<workspace>/runs/<run-id>)")
-        from kit.compare import compare_run_dirs  # runs: observed identities from the manifests
+        from kit.evidence.compare import compare_run_dirs  # runs: observed identities from the manifests
         result = compare_run_dirs(Path(a), Path(b))
     else:
-        from kit.catalog import Catalog
-        from kit.compare import compare_arms
+        from kit.model.catalog import Catalog
+        from kit.evidence.compare import compare_arms
         catalog = Catalog.default()
         result = compare_arms(catalog.arm_ref(a), catalog.arm_ref(b))
     if as_json:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from kit.errors import CheckFailed
+from kit.model.errors import CheckFailed
 
 
 @click.command(name="doctor")
@@ -39,8 +39,8 @@ def command(arm_name, workspace, ray_address, as_json):
       kit doctor --arm G10 --json | jq '.checks[] | select(.status=="FAIL")'
     """
     from kit.cli.run import workspace_from
-    from kit.doctor import Context, load_arm, run_doctor
-    from kit.documents import require_valid
+    from kit.run.doctor import Context, load_arm, run_doctor
+    from kit.model.documents import require_valid
 
     arm = load_arm(arm_name) if arm_name else None
     # the workspace kit run and kit suite would read the inputs from, so a PASS here holds for them

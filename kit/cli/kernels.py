@@ -6,7 +6,7 @@ import json
 
 import click
 
-from kit.errors import BadInput, CheckFailed
+from kit.model.errors import BadInput, CheckFailed
 
 
 @click.group(name="kernels")

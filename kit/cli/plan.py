@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from kit.cli._output import emit_json
-from kit.errors import BadInput
+from kit.model.errors import BadInput
 
 
 def arm_selection_options(f):
@@ -26,8 +26,8 @@ def arm_selection_options(f):
 def select_arm(arm_ref, mode):
     """Resolve --arm/--mode into an Arm; --mode with --arm derives a renamed arm with all cases set,
     declared as a comparison with the base arm whose only factor is ``operators``."""
-    from kit.arm import Arm, mode_operators, with_overrides
-    from kit.catalog import Catalog
+    from kit.model.arm import Arm, mode_operators, with_overrides
+    from kit.model.catalog import Catalog
 
     if not arm_ref and not mode:
         raise BadInput("give --arm A or --mode native|consistency")
@@ -63,7 +63,7 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
       kit plan --arm G10
       kit plan --mode native --rollout-tp-size 2
     """
-    from kit.plan import TopologyOverrides, resolve_plan
+    from kit.run.plan import TopologyOverrides, resolve_plan
 
     arm = select_arm(arm_ref, mode)
     plan = resolve_plan(arm, TopologyOverrides(tp_size, cp_size, rollout_tp_size, rollout_cp_size),

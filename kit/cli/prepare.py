@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from kit.cli._output import emit_json
-from kit.errors import BadInput
+from kit.model.errors import BadInput
 
 
 @click.command(name="prepare")
@@ -64,7 +64,7 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
       kit prepare --workspace /data/ws --dataset-source ./train-00000-of-00001.parquet
       kit prepare --workspace /data/ws --no-dataset --model /models/Qwen3-8B --convert-checkpoint --arm G10
     """
-    from kit import prepare as prep
+    from kit.inputs import prepare as prep
     from kit.cli.run import workspace_from
 
     workspace = workspace_from(workspace)
@@ -81,7 +81,7 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
     source = dataset_source or prep.PUBLISHED_URL
     arm = image = None
     if convert_checkpoint:
-        from kit.doctor import load_arm
+        from kit.run.doctor import load_arm
 
         arm = load_arm(arm_name)  # unknown arm: BadInput naming --arm
         prep.check_conversion_request(arm.name, arm.document, arm.stack_document, platform)
@@ -91,7 +91,7 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
         prep.check_dataset_source(source)
     progress = None if as_json else sys.stderr
     if convert_checkpoint:
-        from kit.inputs import hash_tree, tree_sha256
+        from kit.inputs.files import hash_tree, tree_sha256
 
         ws = prep.Workspace(workspace)
         model_tree = tree_sha256(hash_tree(model_dir, ws.hash_cache, progress=progress))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kit.errors import BadInput, CheckFailed
+from kit.model.errors import BadInput, CheckFailed
 
 
 @click.command(name="probe")
@@ -25,8 +25,8 @@ def command(check_stack, source_roots, no_conformance, as_json):
       kit probe --check-stack /opt/rlk/stack.json        # last step of every image build
       kit probe --check-stack stack.json --source-root vime=../vime --json
     """
-    from kit.documents import dumps_pretty, read_json_file, require_valid
-    from kit.probe import identity_differences, observed_identity
+    from kit.model.documents import dumps_pretty, read_json_file, require_valid
+    from kit.build.probe import identity_differences, observed_identity
 
     stack = None
     if check_stack is not None:

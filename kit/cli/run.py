@@ -10,7 +10,7 @@ import click
 
 from kit.cli._output import emit_json
 from kit.cli.plan import arm_selection_options, select_arm
-from kit.errors import BadInput
+from kit.model.errors import BadInput
 
 
 def default_workspace() -> Path:
@@ -19,7 +19,7 @@ def default_workspace() -> Path:
 
 def workspace_from(flag: Path | None) -> Path:
     """--workspace, else $KIT_WORKSPACE, else ./.workspace; a file there is bad input naming its source."""
-    from kit.run import check_workspace
+    from kit.run.execute import check_workspace
 
     if flag is not None:
         check_workspace(flag, "--workspace")
@@ -87,8 +87,8 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
       kit run --arm G10 --dry-run --json                      # the plan, nothing created
       kit verify .workspace/runs/<run-id>
     """
-    from kit.plan import TopologyOverrides
-    from kit.run import RunRequest, attach, execute
+    from kit.run.plan import TopologyOverrides
+    from kit.run.execute import RunRequest, attach, execute
 
     log = (lambda s: None) if as_json else (lambda s: click.echo(f"kit: {s}", err=True))
     if attach_dir is not None:
@@ -134,7 +134,7 @@ def _report(outcome, as_json: bool) -> None:
 
 
 def _status_document(outcome) -> dict:
-    from kit.documents import read_json_file
+    from kit.model.documents import read_json_file
 
     return read_json_file(outcome.run_dir / "status.json")
 

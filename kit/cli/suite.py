@@ -77,7 +77,7 @@ def module(ctx, suite_id, rollouts, stack, runtime, image, ray_address, workspac
     """
     as_json = as_json or bool((ctx.obj or {}).get("json"))
     from kit.cli.run import default_workspace
-    from kit.suite import (
+    from kit.run.suite import (
         SuiteRequest,
         plan_module_suite,
         render_table,

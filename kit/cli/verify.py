@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from kit.cli._output import emit_json
-from kit.errors import BadInput
+from kit.model.errors import BadInput
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,14 +35,14 @@ def command(paths, image, arm_name, stack_name, public_key, in_toto, as_json):
       kit verify --image rlk-kit/smoke:cpu-0123456789ab --arm smoke
       kit verify --image rlk-kit/smoke:cpu-0123456789ab     # the stack its label names
     """
-    from kit.verify import FileVerdict, verify_document_file
+    from kit.evidence.verify import FileVerdict, verify_document_file
 
     if not paths and not image:
         raise BadInput("give one or more PATHs (lock files or run dirs) or --image REF; see kit verify --help")
     verdicts: list[FileVerdict] = []
     for path in paths:
         if path.is_dir():
-            from kit.evidence import verify_run_dir  # sealed bundles: kit/evidence.py
+            from kit.evidence.bundle import verify_run_dir  # sealed bundles: kit/evidence/bundle.py
             verdicts.append(verify_run_dir(path, public_key=public_key, in_toto_out=in_toto))
         else:
             verdicts.append(verify_document_file(path))
@@ -66,13 +66,13 @@ def command(paths, image, arm_name, stack_name, public_key, in_toto, as_json):
 
 
 def _verify_image(image: str, arm_name: str | None, stack_name: str | None):
-    from kit.catalog import Catalog
-    from kit.images import verify_image_by_probe  # docker-py shell: kit/images.py
+    from kit.model.catalog import Catalog
+    from kit.build.images import verify_image_by_probe  # docker-py shell: kit/build/images.py
 
     if arm_name and stack_name:
         raise BadInput("--image takes at most one of --arm A or --stack S (the stack the image must hold)")
-    from kit.images import check_image, image_stack_name
-    from kit.verify import FileVerdict
+    from kit.build.images import check_image, image_stack_name
+    from kit.evidence.verify import FileVerdict
 
     catalog = Catalog.default()
     from_label = None

@@ -100,7 +100,7 @@ def make_runtime(kind: str, **kw) -> Runtime:
     if kind == "ray":
         from kit.runtimes.ray import RayRuntime
         return RayRuntime(**kw)
-    from kit.errors import BadInput
+    from kit.model.errors import BadInput
     raise BadInput(f"--runtime {kind!r}: accepted local, docker, ray")
 
 
@@ -284,5 +284,5 @@ def wait_for_jobs_api(address: str, timeout_s: float = 90.0, *, unreachable=None
         except Exception as exc:
             last = str(exc)
         time.sleep(0.5)
-    from kit.errors import CheckFailed
+    from kit.model.errors import CheckFailed
     raise (unreachable or CheckFailed)(f"the Ray Jobs API at {address} did not answer within {timeout_s:.0f} s ({last})")

@@ -25,8 +25,8 @@ import shlex
 import time
 from pathlib import Path
 
-from kit import image_layout as L
-from kit.errors import BadInput, CheckFailed
+from kit.build import layout as L
+from kit.model.errors import BadInput, CheckFailed
 from kit.runtimes import JobSpec, RayJob, RayJobRuntime, free_port, host_info, gpu_info, wait_for_jobs_api
 
 CONTAINER_DASHBOARD_PORT = 8265
@@ -166,7 +166,7 @@ class DockerRuntime(RayJobRuntime):
         return self.image_for_arm(self.client, self.arm)
 
     def preflight(self) -> None:
-        from kit.images import check_image, engine
+        from kit.build.images import check_image, engine
 
         self.client = engine()
         self.image_ref = self.image_ref or self._find_image()
@@ -215,8 +215,8 @@ class DockerRuntime(RayJobRuntime):
         return result.exit_code, (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
 
     def _probe(self) -> None:
-        from kit.documents import parse_json_bytes, require_valid
-        from kit.images import probe_differences
+        from kit.model.documents import parse_json_bytes, require_valid
+        from kit.build.images import probe_differences
 
         stack_doc = self.arm.stack.document
         code, out, err = self._exec(L.PROBE_COMMAND, {L.PROBE_STACK_ENV: json.dumps(stack_doc)})

@@ -15,7 +15,7 @@ import sys
 import traceback
 from typing import Callable
 
-from kit.errors import BadInput
+from kit.model.errors import BadInput
 from kit.runtimes import JobSpec, Runtime, gpu_info, host_info
 
 
@@ -40,7 +40,7 @@ class LocalRuntime(Runtime):
         except ImportError as exc:
             raise BadInput(f"--runtime local: the smoke workload is not importable ({exc}); pip install -e . first") from None
         try:
-            from kit.probe import identity_differences, observed_identity
+            from kit.build.probe import identity_differences, observed_identity
             self._observed = observed_identity(self.arm.stack.document)
             self._differences = [list(d) for d in identity_differences(self._observed, self.arm.stack.document)]
         except ImportError:

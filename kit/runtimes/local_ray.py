@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kit.errors import BadInput, CheckFailed
+from kit.model.errors import BadInput, CheckFailed
 from kit.runtimes import free_port
 from kit.runtimes.ray import RayRuntime
 
@@ -72,7 +72,7 @@ class LocalRayRuntime(RayRuntime):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1.0)
-        from kit.probe import identity_differences
+        from kit.build.probe import identity_differences
         node = self.cluster["nodes"][0]["identity"] if self.cluster["nodes"] else {}
         self.differences = [list(d) for d in identity_differences(node, self.arm.stack.document)]
 

@@ -18,8 +18,8 @@ import tempfile
 import shutil
 from pathlib import Path
 
-from kit import image_layout as L
-from kit.errors import BadInput, CheckFailed
+from kit.build import layout as L
+from kit.model.errors import BadInput, CheckFailed
 from kit.runtimes import (NAMED_CLUSTER_TIMEOUT_S, JobSpec, RayJob, RayJobRuntime, gpu_info, host_info,
                           wait_for_jobs_api)
 
@@ -33,7 +33,7 @@ stack = json.loads(os.environ["KIT_PROBE_STACK"])
 @ray.remote(num_cpus=0)
 def probe(stack):
     # with the conformance fingerprint: a node whose strict kernels give other bytes differs from the rest
-    from kit.probe import observed_identity
+    from kit.build.probe import observed_identity
     return observed_identity(stack)
 
 nodes = [n for n in ray.nodes() if n["Alive"]]
@@ -51,8 +51,8 @@ NODE_VOLATILE = ("observed_at", "hostname")
 
 def node_problems(nodes: list[dict], stack_doc: dict) -> list[str]:
     """Every node that differs from the stack or from the first node, with the fields (pure)."""
-    from kit.compare import flatten
-    from kit.probe import identity_differences
+    from kit.evidence.compare import flatten
+    from kit.build.probe import identity_differences
 
     out = []
     for node in nodes:

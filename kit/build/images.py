@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kit.build_plan import (DOCKERFILES, IMAGE_BUILD_TOOLS, PLATFORMS, REVISION_LABEL, SOURCE_LABEL, BuildPlan,
+from kit.build.plan import (DOCKERFILES, IMAGE_BUILD_TOOLS, PLATFORMS, REVISION_LABEL, SOURCE_LABEL, BuildPlan,
                             ContextEntry, context_tar, make_plan, patch_context_path, pin_labels, requirement,
                             source_problems)
-from kit.errors import BadInput, CheckFailed
-from kit.image_layout import (ENTRYPOINT, LABEL_PREFIX, PROBE_AT_BUILD_PATH, PROBE_COMMAND, PROBE_STACK_ENV,
+from kit.model.errors import BadInput, CheckFailed
+from kit.build.layout import (ENTRYPOINT, LABEL_PREFIX, PROBE_AT_BUILD_PATH, PROBE_COMMAND, PROBE_STACK_ENV,
                               STACK_PATH)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 # The user:password part of a remote URL, kept out of the source label.
 _URL_USERINFO_RE = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", re.IGNORECASE)
@@ -96,8 +96,8 @@ def base_image_id(client, base_image: str, *, stack_name: str = "", platform: st
 def stack_parts(stack) -> tuple[dict, str, str]:
     """(resolved document, sha256, name) from a kit.stack.Stack or a resolved stack dict."""
     if isinstance(stack, dict):
-        from kit.documents import sha256_of_document
-        from kit.stack import stack_identity
+        from kit.model.documents import sha256_of_document
+        from kit.model.stack import stack_identity
 
         return stack, sha256_of_document(stack_identity(stack)), stack["name"]
     return stack.document, stack.sha256, stack.name
@@ -117,8 +117,8 @@ class CollectedContext:
 def collect_context(stack_doc: dict, platform: str, *, workspace: Path, overrides: dict[str, Path] | None = None,
                     manifests_dir: Path | None = None, dry_run: bool = False) -> CollectedContext:
     """Everything the Dockerfile COPYs, with identities; fetches/exports sources unless ``dry_run``."""
-    from kit.build_sources import export_commit, locate_source
-    from kit.documents import dumps_pretty, sha256_of_file
+    from kit.build.sources import export_commit, locate_source
+    from kit.model.documents import dumps_pretty, sha256_of_file
 
     overrides = dict(overrides or {})
     manifests_dir = manifests_dir or _manifests_dir()
@@ -168,14 +168,14 @@ def collect_context(stack_doc: dict, platform: str, *, workspace: Path, override
 
 
 def _manifests_dir() -> Path:
-    from kit.catalog import default_manifests_dir
+    from kit.model.catalog import default_manifests_dir
 
     return default_manifests_dir()
 
 
 def _patch_field(stack_doc: dict, source_name: str, index: int, manifests_dir: Path) -> tuple[str, str]:
     """(stack file, JSON pointer) where patch ``index`` of a source is written, following ``extends``."""
-    from kit.catalog import Catalog
+    from kit.model.catalog import Catalog
 
     fallback = (f"stack {stack_doc.get('name')!r}", f"sources[name={source_name}]/patches/{index}/path")
     try:
@@ -207,7 +207,7 @@ def kit_checkout() -> tuple[str | None, str | None]:
     The revision is ``git rev-parse HEAD``, with ``-dirty`` when tracked or untracked (not ignored)
     files differ from it; the URL loses any user:password part.
     """
-    from kit.build_sources import _git
+    from kit.build.sources import _git
 
     def git(*args: str) -> str | None:
         try:
@@ -244,7 +244,7 @@ def _kit_source_entries() -> list[ContextEntry]:
 
 
 def wheelhouse_requirements(stack_doc: dict) -> list[str]:
-    from kit.stack import packages_for
+    from kit.model.stack import packages_for
 
     packages = packages_for(stack_doc, "cpu")
     # The kit builds inside the image without isolation, with the same setuptools as the CUDA/ROCm
@@ -497,7 +497,7 @@ def image_conformance_fingerprint(client, image_id: str):
 
 
 def write_build_record(record: dict, workspace: Path) -> Path:
-    from kit.documents import write_new_document
+    from kit.model.documents import write_new_document
 
     directory = workspace / "builds"
     directory.mkdir(parents=True, exist_ok=True)
@@ -610,7 +610,7 @@ def verify_image_by_probe(image_ref: str, stack, *, client=None, timeout_s: int 
     """
     import docker
 
-    from kit.documents import require_valid
+    from kit.model.documents import require_valid
 
     stack_doc, _, _ = stack_parts(stack)
     client = client or engine()
@@ -636,7 +636,7 @@ def verify_image_by_probe(image_ref: str, stack, *, client=None, timeout_s: int 
             raise CheckFailed(f"probe in {image_ref} exited {status.get('StatusCode')}: {err}")
     finally:
         container.remove(force=True)
-    from kit.documents import parse_json_bytes
+    from kit.model.documents import parse_json_bytes
 
     observed = require_valid(parse_json_bytes(out, f"probe output of {image_ref}"), f"probe output of {image_ref}", "probe")
     differences = probe_differences(client, image_ref, observed, stack_doc)
@@ -646,7 +646,7 @@ def verify_image_by_probe(image_ref: str, stack, *, client=None, timeout_s: int 
 def probe_differences(client, image: str, observed: dict, stack_doc: dict) -> list[tuple[str, str | None, str | None]]:
     """What a probe inside a container of ``image`` shows against the stack's pins, and its compiled
     extensions against the image's build-time probe (the only record of those build outputs)."""
-    from kit.probe import extension_differences, identity_differences
+    from kit.build.probe import extension_differences, identity_differences
 
     differences = identity_differences(observed, stack_doc)
     at_build = build_time_probe(client, image)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable
 
-from kit.documents import schema_id
-from kit.vime.records import ANSI_RE, Record, RecordConflict, collect_steps, parse_records
+from kit.model.documents import schema_id
+from kit.engines.vime.records import ANSI_RE, Record, RecordConflict, collect_steps, parse_records
 
 # 2: steps-once refuses repeated record lines; rr-bitwise-zero needs compared tokens (numel > 0)
 GATE_SET_VERSION = "rlk-kit-gates/2"

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from kit.documents import schema_problems, sha256_of_document
+from kit.model.documents import schema_problems, sha256_of_document
 
 DIGEST_RE = re.compile(r"@sha256:([0-9a-f]{64})$")
 # Fields that name or describe a stack but are not part of the software it pins.

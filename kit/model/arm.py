@@ -14,8 +14,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from kit.stack import Stack
-from kit.topology import Topology, accepted_capture_ceilings, evidence_level, topology_problems
+from kit.model.stack import Stack
+from kit.model.topology import Topology, accepted_capture_ceilings, evidence_level, topology_problems
 
 MODULES = ("attention", "ffn", "logp")
 

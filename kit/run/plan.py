@@ -14,11 +14,11 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from kit import image_layout as L
-from kit.arm import Arm, with_overrides
-from kit.errors import BadInput
-from kit.topology import Topology, accepted_tp_sizes, derive_layout, max_engine_decode_batch, topology_problems
-from kit.vime import command as vime
+from kit.build import layout as L
+from kit.model.arm import Arm, with_overrides
+from kit.model.errors import BadInput
+from kit.model.topology import Topology, accepted_tp_sizes, derive_layout, max_engine_decode_batch, topology_problems
+from kit.engines.vime import command as vime
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 FLAG_OF = {"tp": "--tp-size", "cp": "--cp-size", "rollout_tp": "--rollout-tp-size", "rollout_cp": "--rollout-cp-size",

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from kit.documents import schema_id, sha256_of_document, write_new_document
-from kit.errors import BadInput, CheckFailed, KitError
-from kit.evidence import utc_now
+from kit.model.documents import schema_id, sha256_of_document, write_new_document
+from kit.model.errors import BadInput, CheckFailed, KitError
+from kit.evidence.bundle import utc_now
 
 MODULES = ("attention", "ffn", "logp")
 # reference §1.3: the pipeline order of the module suite
@@ -194,7 +194,7 @@ def run_figures(run_dir: Path) -> dict | None:
     """
     from kit.analysis.convergence import round_rows, run_identity, summarize
     from kit.analysis.table import load_arm
-    from kit.gates import whole_number
+    from kit.gates.rules import whole_number
 
     try:
         arm = load_arm(run_dir)
@@ -442,8 +442,8 @@ def plan_module_suite(request: SuiteRequest, catalog=None) -> SuitePlan:
     """Every check that makes a suite bad input, before anything is written."""
     import re
 
-    from kit import evidence as E
-    from kit.catalog import Catalog
+    from kit.evidence import bundle as E
+    from kit.model.catalog import Catalog
 
     if not re.fullmatch(ID_RE_TEXT, request.suite_id or ""):
         raise BadInput(f"--suite-id {request.suite_id!r}: must match {ID_RE_TEXT} (it prefixes the run ids)")
@@ -469,7 +469,7 @@ def plan_module_suite(request: SuiteRequest, catalog=None) -> SuitePlan:
                 raise BadInput(f"--suite-id {request.suite_id}: arm {spec.name}'s run id {spec.run_id} is already used "
                                f"in this workspace ({used}); run ids are never reused, pick a new suite id")
     if not request.allow_dirty:
-        from kit.run import repository_state
+        from kit.run.execute import repository_state
 
         repo = repository_state()
         if repo.get("dirty"):
@@ -482,7 +482,7 @@ def plan_module_suite(request: SuiteRequest, catalog=None) -> SuitePlan:
     if len(stacks) != 1:
         raise BadInput(f"module matrix on {base.arm}: its arms name different stacks {sorted(stacks)}")
     (stack_name, stack_sha), = stacks
-    from kit.run import check_request
+    from kit.run.execute import check_request
 
     # kit run's own flag checks (--image without --runtime docker, ...): refused here, not eight times
     check_request(_run_request(request, runtime, workspace, specs[0]))
@@ -501,7 +501,7 @@ def check_runtime_inputs(request: SuiteRequest, runtime: str, spec: ArmSpec) -> 
     """
     arm = spec.arm
     if runtime == "docker":
-        from kit.images import check_image, engine
+        from kit.build.images import check_image, engine
         from kit.runtimes.docker import DockerRuntime
 
         client = engine()
@@ -531,7 +531,7 @@ def check_runtime_inputs(request: SuiteRequest, runtime: str, spec: ArmSpec) -> 
 
 def _run_request(request: SuiteRequest, runtime: str, workspace: Path, spec: ArmSpec, image: str | None = None):
     """The kit run request of one arm: every arm goes through the same path as a hand-started run."""
-    from kit.run import RunRequest
+    from kit.run.execute import RunRequest
 
     return RunRequest(arm=spec.arm, workspace=workspace, runtime=runtime, image=image or request.image,
                       ray_address=request.ray_address, run_id=spec.run_id, rollouts=request.rollouts,
@@ -545,7 +545,7 @@ def run_module_suite(plan: SuitePlan, *, progress: TextIO | None = None, log: Ca
     ``before_arm`` is called just before each arm starts (progress reporting; tests use it to
     make an arm fail for real).
     """
-    from kit.run import SignalFlag, execute
+    from kit.run.execute import SignalFlag, execute
 
     req = plan.request
     plan.suite_dir.parent.mkdir(parents=True, exist_ok=True)

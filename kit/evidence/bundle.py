@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from kit.documents import (canonical_json, read_json_file, schema_id, schema_problems, write_new_document)
-from kit.errors import BadInput, CheckFailed, KitError
+from kit.model.documents import (canonical_json, read_json_file, schema_id, schema_problems, write_new_document)
+from kit.model.errors import BadInput, CheckFailed, KitError
 
 SEAL = "seal.json"
 MANIFEST = "manifest.json"
@@ -141,7 +141,7 @@ def replace_status(run_dir: Path, doc: dict) -> Path:
 
     The only artifact ever rewritten, and only while the status says ``detached``: a final status is
     written once, and a sealed run dir is never written again."""
-    from kit.documents import replace_document
+    from kit.model.documents import replace_document
 
     _refuse_if_sealed(run_dir)
     path = Path(run_dir) / STATUS
@@ -331,7 +331,7 @@ def signature_problems(doc: dict, public_key) -> list[str]:
 
 def verify_run_dir(path: Path, public_key: Path | None = None, in_toto_out: Path | None = None):
     """Re-hash every artifact against the seal; name every missing, changed or extra file."""
-    from kit.verify import FileVerdict
+    from kit.evidence.verify import FileVerdict
 
     run_dir = Path(path)
     verdict = FileVerdict(str(run_dir), kind="run")
@@ -418,7 +418,7 @@ def in_toto_statement(seal: dict) -> dict:
 
 
 def write_in_toto(seal: dict, out: Path) -> Path:
-    from kit.documents import write_new_document
+    from kit.model.documents import write_new_document
 
     if out.exists():
         raise BadInput(f"--in-toto {out}: already exists; choose a new file")

@@ -36,10 +36,12 @@ from pathlib import Path
 from typing import Iterable, Iterator, TextIO
 from urllib.parse import urlparse
 
-from kit import __version__, image_layout
-from kit.documents import read_json_file, require_valid, schema_id, write_new_document
-from kit.errors import BadInput, CheckFailed
-from kit.inputs import HashCache, hash_file_cached, hash_tree, list_tree, tree_sha256
+from kit import __version__
+
+from kit.build import layout as image_layout
+from kit.model.documents import read_json_file, require_valid, schema_id, write_new_document
+from kit.model.errors import BadInput, CheckFailed
+from kit.inputs.files import HashCache, hash_file_cached, hash_tree, list_tree, tree_sha256
 
 PROVENANCE_SCHEMA = schema_id("provenance")
 
@@ -374,7 +376,7 @@ def _existing_dataset(ws: Workspace, source: str, cache: HashCache) -> Prepared 
 def _fetch_source(ws: Workspace, source: str, progress, cache) -> tuple[str, Path, str | None]:
     """``(location recorded, local file, how its checksum was verified)``."""
     if is_url(source):
-        from kit.download import download
+        from kit.inputs.download import download
 
         dest = ws.download_path(source)
         if dest.is_file():  # only ever renamed into place after a complete, checked transfer
@@ -394,7 +396,7 @@ def _reused_download_check(url: str, dest: Path, cache: HashCache) -> str | None
     """What an earlier download in downloads/ was checked against when it arrived, as its record says:
     ``caller``, ``server`` or None (size only, or no record: unknown). Its bytes must still hash as
     recorded; a file changed since is refused rather than trusted."""
-    from kit.download import read_record, record_path
+    from kit.inputs.download import read_record, record_path
 
     record = read_record(dest)
     if record is None or record["url"] != url or record["file"] != dest.name:
@@ -549,8 +551,8 @@ def find_conversion_image(arm_name: str, arm_document: dict, stack_document: dic
 
     import docker
 
-    from kit.doctor import find_stack_image
-    from kit.images import engine
+    from kit.run.doctor import find_stack_image
+    from kit.build.images import engine
 
     try:
         client = engine()

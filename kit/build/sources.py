@@ -20,8 +20,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.build_plan import CONTEXT_MTIME
-from kit.errors import BadInput, CheckFailed
+from kit.build.plan import CONTEXT_MTIME
+from kit.model.errors import BadInput, CheckFailed
 
 _GIT = ["git", "-c", "safe.directory=*", "-c", "core.autocrlf=false"]
 
@@ -94,7 +94,7 @@ def locate_source(src: dict, overrides: dict[str, Path], workspace: Path, *, fet
         check_at_pin(name, repo, pin)
         return repo
     if repository.startswith("fixture:"):
-        from kit import smoke_sources
+        from kit.build import smoke_sources
 
         fixture = repository.split(":", 1)[1]
         repo = workspace / "sources" / "fixtures" / fixture

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from kit.documents import schema_id
-from kit.errors import BadInput
+from kit.model.documents import schema_id
+from kit.model.errors import BadInput
 
 CACHE_SCHEMA = schema_id("hash-cache")
 CHUNK = 1 << 20

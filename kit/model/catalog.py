@@ -14,10 +14,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.arm import Arm, arm_rule_problems, matrix_arm_documents
-from kit.documents import read_json_file, require_valid, schema_problems
-from kit.errors import BadInput, KitError
-from kit.stack import Stack, StackResolutionError, resolve_stack_document
+from kit.model.arm import Arm, arm_rule_problems, matrix_arm_documents
+from kit.model.documents import read_json_file, require_valid, schema_problems
+from kit.model.errors import BadInput, KitError
+from kit.model.stack import Stack, StackResolutionError, resolve_stack_document
 
 
 def default_manifests_dir() -> Path:
@@ -27,7 +27,7 @@ def default_manifests_dir() -> Path:
     local = Path.cwd() / "manifests"
     if local.is_dir():
         return local
-    return Path(__file__).resolve().parent.parent / "manifests"
+    return Path(__file__).resolve().parents[2] / "manifests"
 
 
 # default of ``flag``: name the option or argument of the running command that carried the value
@@ -102,7 +102,7 @@ class Catalog:
                   if Path(p).resolve() != Path(path).resolve()]
         if others:
             return f"name {doc['name']!r} is also used by {', '.join(others)}; names must be unique in {self.directory}"
-        return None   # (a generated arm named like a written one is a matrix rule: kit/verify.py)
+        return None   # (a generated arm named like a written one is a matrix rule: kit/evidence/verify.py)
 
     # --- stacks ---------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
-from kit.errors import BadInput
+from kit.model.errors import BadInput
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 SCHEMA_ID_RE = re.compile(r"^rlk-kit/([a-z][a-z0-9-]*)/v([1-9][0-9]*)$")

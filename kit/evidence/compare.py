@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kit.arm import Arm
+from kit.model.arm import Arm
 
 # Fields that name or describe an arm, or are compared through the stack's content instead.
 ARM_FIELDS_NOT_COMPARED = ("schema", "name", "description", "comparison", "stack")
@@ -173,7 +173,7 @@ def run_view(manifest: dict) -> dict:
     """What defines a run for comparison: the arm's experiment fields, the stack content, the image id
     and the observed identity (volatile fields such as hostnames and times removed; the package freeze
     keyed by package name)."""
-    from kit.stack import stack_identity
+    from kit.model.stack import stack_identity
 
     arm = manifest["arm"]
     view = {k: v for k, v in arm.items() if k not in ARM_FIELDS_NOT_COMPARED}
@@ -259,9 +259,9 @@ def run_standing(run_dir: Path) -> dict | None:
         run_standing(Path("ws/runs/stop-me"))
         # {"run": "ws/runs/stop-me", "status": "interrupted", "sealed": False, "reason": "ws/runs/stop-me: status ..."}
     """
-    from kit import evidence as E
-    from kit.documents import read_json_file
-    from kit.errors import KitError
+    from kit.evidence import bundle as E
+    from kit.model.documents import read_json_file
+    from kit.model.errors import KitError
 
     run_dir = Path(run_dir)
     try:
@@ -298,8 +298,8 @@ def compare_run_dirs(a: Path, b: Path) -> Comparison:
 
         compare_run_dirs(Path("ws/runs/r1"), Path("ws/runs/r2")).controlled
     """
-    from kit import evidence as E
-    from kit.errors import BadInput
+    from kit.evidence import bundle as E
+    from kit.model.errors import BadInput
 
     manifests = []
     for label, run_dir in (("A", a), ("B", b)):

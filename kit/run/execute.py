@@ -23,15 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
 
-from kit import evidence as E
-from kit.documents import require_valid, schema_id, sha256_of_document, sha256_of_file
-from kit.errors import BadInput, CheckFailed, KitError
-from kit.gates import GATE_SET_VERSION, MISMATCH_KEY, RunEvidence, evaluate, mismatch_count, step_global_batch_size
-from kit.redact import Redactor, is_secret_name, redact_env
-from kit.vime.records import parse_records
+from kit.evidence import bundle as E
+from kit.model.documents import require_valid, schema_id, sha256_of_document, sha256_of_file
+from kit.model.errors import BadInput, CheckFailed, KitError
+from kit.gates.rules import GATE_SET_VERSION, MISMATCH_KEY, RunEvidence, evaluate, mismatch_count, step_global_batch_size
+from kit.evidence.redact import Redactor, is_secret_name, redact_env
+from kit.engines.vime.records import parse_records
 
 INTERRUPTED_EXIT = 130
-KIT_ROOT = Path(__file__).resolve().parent.parent
+KIT_ROOT = Path(__file__).resolve().parents[2]
 REPO_PATHS = ("kit", "kernels", "manifests", "pyproject.toml")
 
 
@@ -116,7 +116,7 @@ def smoke_inputs(arm_doc: dict) -> dict:
 def file_inputs(paths: dict[str, Path | None], cache: Path, progress: TextIO | None = None) -> dict:
     """sha256 of prompt data / model / checkpoint files or trees, cached by path, size and mtime;
     a tree's hashing is reported on ``progress`` (a 16 GiB model takes minutes the first time)."""
-    from kit.inputs import hash_file_cached, hash_tree, tree_sha256, HashCache
+    from kit.inputs.files import hash_file_cached, hash_tree, tree_sha256, HashCache
 
     out = {}
     for name, path in paths.items():
@@ -134,7 +134,7 @@ def file_inputs(paths: dict[str, Path | None], cache: Path, progress: TextIO | N
 
 def vime_input_files(request: RunRequest) -> dict[str, Path]:
     """The files a VIME arm reads, from the flags or the workspace that ``kit prepare`` filled; each must exist."""
-    from kit.prepare import Workspace, read_provenance, select_checkpoint
+    from kit.inputs.prepare import Workspace, read_provenance, select_checkpoint
 
     ws = Workspace(request.workspace)
     # Without flags: the checkpoint kit prepare --convert-checkpoint made with this arm's stack, and
@@ -180,8 +180,8 @@ def check_pinned_inputs(request: RunRequest, files: dict[str, Path], progress: T
     pins = request.arm.document.get("inputs") or {}
     if not pins:
         return
-    from kit.inputs import HashCache, hash_file_cached, hash_tree, tree_sha256
-    from kit.prepare import Workspace
+    from kit.inputs.files import HashCache, hash_file_cached, hash_tree, tree_sha256
+    from kit.inputs.prepare import Workspace
 
     cache_path = Workspace(request.workspace).hash_cache
     found = {}
@@ -200,8 +200,8 @@ def check_pinned_inputs(request: RunRequest, files: dict[str, Path], progress: T
 
 
 def input_mounts(files: dict[str, Path]) -> dict[str, str]:
-    """Host path -> in-image path, all read-only (kit/image_layout.py)."""
-    from kit import image_layout as L
+    """Host path -> in-image path, all read-only (kit/build/layout.py)."""
+    from kit.build import layout as L
 
     mounts = {str(files["model"]): L.MODEL_DIR, str(files["checkpoint"]): L.CHECKPOINT_DIR}
     mounts[str(files["prompt_data"])] = f"{L.DATA_DIR}/dapo-math-17k.jsonl"
@@ -353,8 +353,8 @@ class SignalFlag:
 
 
 def plan_for(request: RunRequest) -> dict:
-    from kit import image_layout as L
-    from kit.plan import TopologyOverrides, resolve_plan
+    from kit.build import layout as L
+    from kit.run.plan import TopologyOverrides, resolve_plan
 
     workspace = str(request.workspace.resolve()) if request.runtime == "local" else L.WORKSPACE
     run_id = request.run_id or default_run_id(request.arm, request.rollouts)
@@ -495,7 +495,7 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
     if arm_doc["engine"] == "smoke":
         inputs = smoke_inputs(arm_doc)
     else:
-        from kit.prepare import Workspace
+        from kit.inputs.prepare import Workspace
         inputs = file_inputs(files, Workspace(request.workspace.resolve()).hash_cache, progress=progress)
     manifest = build_manifest(plan=plan, arm=request.arm, described=described, argv=argv, env_job=env_job,
                               env_host=env_host, inputs=inputs, repository=repo, allow_dirty=request.allow_dirty,
@@ -595,7 +595,7 @@ def _finish(run_dir: Path, logs: _RunLogs, *, run_id, arm_doc, inputs, status, j
 # --- attach: finish a detached run ------------------------------------------------------------------
 
 def _read_run_document(run_dir: Path, name: str) -> dict:
-    from kit.documents import read_json_file
+    from kit.model.documents import read_json_file
 
     try:
         return read_json_file(run_dir / name)

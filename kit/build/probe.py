@@ -28,7 +28,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kit.image_layout import SOURCES_DIR
+from kit.build.layout import SOURCES_DIR
 
 BAKED_TREE_FILE = "rlk-baked-tree"   # written into .git/ by docker/bin/install-source
 
@@ -59,8 +59,8 @@ def observed_identity(stack: dict | None = None, *, source_roots: dict[str, Path
         "gpus": _gpus(),
     }
     if stack is not None:
-        from kit.documents import sha256_of_document
-        from kit.stack import stack_identity
+        from kit.model.documents import sha256_of_document
+        from kit.model.stack import stack_identity
 
         doc["stack"] = {"name": stack.get("name", ""), "sha256": sha256_of_document(stack_identity(stack))}
     if include_conformance:
@@ -79,7 +79,7 @@ def identity_differences(observed: dict, stack: dict) -> list[tuple[str, str | N
     found_python = observed.get("python", {}).get("version")
     if stack.get("python") and found_python != stack["python"]:
         out.append(("python", stack["python"], found_python))
-    from kit.stack import packages_for
+    from kit.model.stack import packages_for
 
     packages = observed.get("packages", {})
     for name, version in sorted(packages_for(stack, observed_platform(observed)).items()):
@@ -141,7 +141,7 @@ def _package_names(stack: dict | None) -> set[str]:
 
 
 def _embedded_stack() -> dict | None:
-    from kit.image_layout import STACK_PATH
+    from kit.build.layout import STACK_PATH
 
     try:
         return json.loads(Path(STACK_PATH).read_text(encoding="utf-8"))

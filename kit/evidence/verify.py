@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.arm import arm_rule_problems, matrix_arm_documents
-from kit.documents import read_json_file, schema_problems, sha256_of_file
-from kit.errors import KitError
-from kit.stack import Stack, StackResolutionError, resolve_stack_document, stack_rule_problems
+from kit.model.arm import arm_rule_problems, matrix_arm_documents
+from kit.model.documents import read_json_file, schema_problems, sha256_of_file
+from kit.model.errors import KitError
+from kit.model.stack import Stack, StackResolutionError, resolve_stack_document, stack_rule_problems
 
 
 @dataclass
@@ -32,7 +32,7 @@ class FileVerdict:
 
 
 def _catalog_for(path: Path):
-    from kit.catalog import Catalog  # the file's own directory supplies the stacks it names
+    from kit.model.catalog import Catalog  # the file's own directory supplies the stacks it names
     return Catalog.load(path.resolve().parent)
 
 
@@ -134,7 +134,7 @@ def _comparison_rules(catalog, doc: dict, comparison: dict) -> list[tuple[str, s
 def _comparison_notes(catalog, doc: dict) -> list[str]:
     """Whether a declared comparison holds is reported, not failed: a faithful lock of an uncontrolled
     historical pair (G10/G11) is still a valid lock. ``kit compare`` is the check that exits 1."""
-    from kit.compare import compare_arms
+    from kit.evidence.compare import compare_arms
     other_name = doc["comparison"]["with"]
     try:
         a, b = catalog.arm_from_document(doc, "this arm", check_rules=False), catalog.arm(other_name)

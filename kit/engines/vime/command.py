@@ -2,7 +2,7 @@
 
 The seed's entrypoint appended flags behind the launcher's back; here the complete command is
 expanded up front, recorded as it runs, and the appended part is still listed separately so a
-reader can match it against the seed's logs. Paths are the in-image ones (kit/image_layout.py).
+reader can match it against the seed's logs. Paths are the in-image ones (kit/build/layout.py).
 
 The command depends on the launcher revision (run_arm.py, part of RL-Kernel): the pinned code of the
 published G10/G11 runs only accepts what the historical launcher passed, so a stack names the revision
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kit import image_layout as L
-from kit.arm import algorithm_of
+from kit.build import layout as L
+from kit.model.arm import algorithm_of
 
 MODEL_ARGS = [
     "--swiglu", "--num-layers", "{layers}", "--hidden-size", "{hidden}", "--ffn-hidden-size", "{ffn_hidden}",

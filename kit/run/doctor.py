@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from kit import __version__
-from kit.documents import schema_id
-from kit.errors import BadInput
+from kit.model.documents import schema_id
+from kit.model.errors import BadInput
 
 DOCTOR_SCHEMA = schema_id("doctor")
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -114,7 +114,7 @@ class ArmSpec:
 
 def load_arm(name: str) -> ArmSpec:
     """The arm from the catalog of manifests (``kit.catalog.Catalog.default().arm(name)``)."""
-    from kit.catalog import Catalog
+    from kit.model.catalog import Catalog
 
     arm = Catalog.default().arm(name)
     return ArmSpec(arm.name if hasattr(arm, "name") else name, arm.document,
@@ -394,7 +394,7 @@ def check_arm_image(ctx: Context) -> Check:
 
     ref = DockerRuntime.ref_of(image)
     try:
-        from kit.images import check_image
+        from kit.build.images import check_image
     except ImportError:
         return Check("image", FAIL, f"{ref} found, but kit.images.check_image is not available to match it "
                      f"against stack {arm.stack_name}")
@@ -452,8 +452,8 @@ def check_prompt_data(ctx: Context) -> Check:
     skipped = _workspace_input_guard(ctx, name, "prompt data are", "prompts")
     if skipped:
         return skipped
-    from kit.inputs import HashCache, hash_file_cached
-    from kit.prepare import PUBLISHED_OUTPUT_SHA256, Workspace, read_provenance
+    from kit.inputs.files import HashCache, hash_file_cached
+    from kit.inputs.prepare import PUBLISHED_OUTPUT_SHA256, Workspace, read_provenance
 
     ws = Workspace(ctx.workspace)
     if not ws.data_provenance.exists() or not ws.data.exists():
@@ -490,7 +490,7 @@ def check_prompt_data(ctx: Context) -> Check:
 
 def select_checkpoint(ws, arm: ArmSpec, platform: str | None = None) -> tuple[Path | None, dict | None, str]:
     """The converted checkpoint this arm would use (:func:`kit.prepare.select_checkpoint`)."""
-    from kit.prepare import select_checkpoint as select
+    from kit.inputs.prepare import select_checkpoint as select
 
     return select(ws, arm.stack_name, arm.stack_sha256, platform)
 
@@ -501,8 +501,8 @@ def check_checkpoint(ctx: Context) -> Check:
     skipped = _workspace_input_guard(ctx, name, "a checkpoint is", "model")
     if skipped:
         return skipped
-    from kit.inputs import hash_tree, tree_sha256
-    from kit.prepare import Workspace
+    from kit.inputs.files import hash_tree, tree_sha256
+    from kit.inputs.prepare import Workspace
 
     ws = Workspace(ctx.workspace)
     where, doc, note = select_checkpoint(ws, arm, ctx.platform)
@@ -527,7 +527,7 @@ def select_model(ws, arm: ArmSpec, platform: str | None = None) -> tuple[list[tu
     The model is the one the arm's checkpoint (:func:`select_checkpoint`) was converted from; without
     such a checkpoint, every model provenance of the workspace (usually one) is checked.
     """
-    from kit.prepare import read_provenance
+    from kit.inputs.prepare import read_provenance
 
     _, checkpoint, _ = select_checkpoint(ws, arm, platform)
     if checkpoint is not None:
@@ -556,8 +556,8 @@ def check_model(ctx: Context) -> Check:
     skipped = _workspace_input_guard(ctx, name, "a Hugging Face model is", "model")
     if skipped:
         return skipped
-    from kit.inputs import hash_tree, tree_sha256
-    from kit.prepare import Workspace
+    from kit.inputs.files import hash_tree, tree_sha256
+    from kit.inputs.prepare import Workspace
 
     ws = Workspace(ctx.workspace)
     try:

@@ -18,7 +18,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from kit.errors import BadInput
+from kit.model.errors import BadInput
 
 # Fixed identity of every fixture commit: same content + same metadata = same SHA everywhere.
 _FIXED_ENV = {
