@@ -77,7 +77,7 @@ def with_overrides(doc: dict, *, operators: dict | None = None, topology: dict |
 
 
 # The reward each engine implements; an arm without workload.algorithm gets GRPO with it.
-ENGINE_REWARD = {"vime": "deepscaler", "smoke": "copy"}
+ENGINE_REWARD = {"vime": "deepscaler", "smoke": "copy", "gpu": "successor"}
 
 
 def algorithm_of(doc: dict) -> dict:

@@ -88,17 +88,17 @@ class Catalog:
         if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
             return
         kind = {"rlk-kit/stack/v1": self.stack_docs, "rlk-kit/arm/v1": self.arm_docs,
-                "rlk-kit/arm-matrix/v1": self.matrix_docs}.get(doc.get("schema"))
+                "rlk-kit/arm-matrix/v1": self.matrix_docs}.get(_kind(doc))
         if kind is not None:
             kind.setdefault(doc["name"], (doc, path))
-            self.files_by_name.setdefault((doc["schema"], doc["name"]), []).append(path)
+            self.files_by_name.setdefault((_kind(doc), doc["name"]), []).append(path)
 
     def name_clash(self, doc: dict, path: str) -> str | None:
         """Why ``doc``'s name is ambiguous in this catalog (another lock file of the same kind uses it);
         None when it names one document."""
         if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
             return None
-        others = [p for p in self.files_by_name.get((doc.get("schema"), doc["name"]), [])
+        others = [p for p in self.files_by_name.get((_kind(doc), doc["name"]), [])
                   if Path(p).resolve() != Path(path).resolve()]
         if others:
             return f"name {doc['name']!r} is also used by {', '.join(others)}; names must be unique in {self.directory}"
@@ -188,3 +188,9 @@ class Catalog:
             catalog = self if path.resolve().parent == self.directory.resolve() else Catalog.load(path.resolve().parent)
             return catalog.arm_from_document(doc, str(path))
         return self._arm(ref, flag, files=True)
+
+
+def _kind(doc: dict):
+    """The document kind a catalog files it under: arm/v2 only widens arm/v1 (the gpu engine), so both are arms."""
+    schema = doc.get("schema")
+    return "rlk-kit/arm/v1" if schema == "rlk-kit/arm/v2" else schema

@@ -29,6 +29,7 @@ from kit.model.errors import BadInput, CheckFailed, KitError
 from kit.gates.rules import GATE_SET_VERSION, MISMATCH_KEY, RunEvidence, evaluate, mismatch_count, step_global_batch_size
 from kit.evidence.redact import Redactor, is_secret_name, redact_env
 from kit.engines.vime.records import parse_records
+from kit.run.monitors import Monitors
 
 INTERRUPTED_EXIT = 130
 KIT_ROOT = Path(__file__).resolve().parents[2]
@@ -397,7 +398,7 @@ def check_request(request: RunRequest) -> None:
         raise BadInput("--detach needs --runtime ray: the local and docker runtimes stop what they started")
     if request.ray_head and request.runtime != "local":
         raise BadInput(f"--ray-head goes with --runtime local (the {request.runtime} runtime has its own Ray)")
-    if request.runtime == "local" and request.arm.engine != "smoke":
+    if request.runtime == "local" and request.arm.engine not in ("smoke", "gpu"):
         raise BadInput(f"--runtime local: arm {request.arm.name} is a {request.arm.engine} arm; its engines exist only "
                        f"in its image: use --runtime docker (kit build {request.arm.platform} --arm {request.arm.name}) "
                        "or --runtime ray")
@@ -494,6 +495,9 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
     redactor = Redactor.from_env(env_host, env_job)
     if arm_doc["engine"] == "smoke":
         inputs = smoke_inputs(arm_doc)
+    elif arm_doc["engine"] == "gpu":
+        from kit.engines.gpu import workload_inputs
+        inputs = workload_inputs(arm_doc)
     else:
         from kit.inputs.prepare import Workspace
         inputs = file_inputs(files, Workspace(request.workspace.resolve()).hash_cache, progress=progress)
@@ -508,6 +512,8 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
                     run_log=open(run_dir / E.RUN_LOG, "x", encoding="utf-8"))
 
     status, job_status, message = "failed", None, ""
+    monitors = Monitors(run_dir)
+    monitors.start()
     workload_started = time.monotonic()
     try:
         logs.run_log.write(header_line(run_id, arm_doc["name"], request.arm.stack.sha256, image_id, manifest_sha,
@@ -534,6 +540,7 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
     finally:
         workload_s = time.monotonic() - workload_started
         logs.close_run_log()
+        _stop_monitors(monitors, logs)
         if hasattr(runtime, "stop_job") and status == "interrupted":
             runtime.stop_job()
 
@@ -550,6 +557,15 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
     return _finish(run_dir, logs, run_id=run_id, arm_doc=arm_doc, inputs=inputs, status=status, job_status=job_status,
                    message=message, submission_id=spec.submission_id, timing=timing, job_info=job_info,
                    private_key=private_key, replace_status=False)
+
+
+def _stop_monitors(monitors: Monitors, logs: _RunLogs) -> None:
+    """Stop the samplers; a monitor's failure is noted in kit.log and never fails the run."""
+    try:
+        doc = monitors.stop()
+        logs.kit_event("monitors: " + ", ".join(f"{s['name']} {s['status']}" for s in doc["samplers"]))
+    except Exception as exc:
+        logs.kit_event(f"monitors: could not be stopped cleanly: {type(exc).__name__}: {exc}")
 
 
 def _ending(job_status: str, signal_received: int | None) -> tuple[str, str]:

@@ -132,7 +132,8 @@ def resolve_plan(arm: Arm, ov: TopologyOverrides = TopologyOverrides(), *, run_i
         env = vime.runtime_env_vars(doc, layout, run_id, run_dir, capture_sizes=capture, launcher=launcher)
         working_dir = L.source_dir("vime")
     else:
-        argv = [L.PYTHON, "-m", "rlk_kernels.smoke", "--arm-file", f"{run_dir}/arm.json"]
+        argv = [L.PYTHON, "-m", "rlk_kernels.grpo.run" if arm.engine == "gpu" else "rlk_kernels.smoke",
+                "--arm-file", f"{run_dir}/arm.json"]
         appended = []
         env = {"PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": str(doc["workload"]["seed"]), "RAY_USAGE_STATS_ENABLED": "0",
                "RL_KERNEL_ATTENTION_CASE": doc["operators"]["attention"], "RL_KERNEL_FFN_CASE": doc["operators"]["ffn"],

@@ -1,4 +1,4 @@
-"""The local runtime: the embedded smoke workload in this process, on this host.
+"""The local runtime: the embedded smoke workload, or the gpu engine's GRPO workload, in this process, on this host.
 
 Nothing is started and no image is involved, so the host's observed identity is recorded together
 with its differences from the stack (they are expected here: the host is not the pinned image) and
@@ -18,6 +18,9 @@ from typing import Callable
 from kit.model.errors import BadInput
 from kit.runtimes import JobSpec, Runtime, gpu_info, host_info
 
+# engines whose workload runs in this process: the module that must import
+IN_PROCESS = {"smoke": "rlk_kernels.smoke", "gpu": "rlk_kernels.grpo.run"}
+
 
 class LocalRuntime(Runtime):
     kind = "local"
@@ -31,14 +34,15 @@ class LocalRuntime(Runtime):
         self._stop_requested = False
 
     def preflight(self) -> None:
-        if self.arm.engine != "smoke":
+        if self.arm.engine not in IN_PROCESS:
             raise BadInput(f"--runtime local: arm {self.arm.name} is a {self.arm.engine} arm; its engines exist only in "
                            f"its image: run it with --runtime docker (kit build {self.arm.platform} --arm {self.arm.name}) "
                            "or --runtime ray")
         try:
-            import rlk_kernels.smoke  # noqa: F401
+            __import__(IN_PROCESS[self.arm.engine])
         except ImportError as exc:
-            raise BadInput(f"--runtime local: the smoke workload is not importable ({exc}); pip install -e . first") from None
+            raise BadInput(f"--runtime local: the {self.arm.engine} workload is not importable ({exc}); "
+                           "pip install -e . first") from None
         try:
             from kit.build.probe import identity_differences, observed_identity
             self._observed = observed_identity(self.arm.stack.document)
@@ -47,8 +51,12 @@ class LocalRuntime(Runtime):
             self._observed, self._differences = None, []
 
     def describe(self) -> dict:
-        return {"runtime": {"kind": self.kind, "in_process": True,
-                            "note": "the host is not the pinned image; identity differences are recorded, not refused"},
+        runtime = {"kind": self.kind, "in_process": True,
+                   "note": "the host is not the pinned image; identity differences are recorded, not refused"}
+        if self.arm.engine == "gpu":   # the GPU host's own identity: device, CUDA, Triton, kernel fingerprint
+            from kit.engines.gpu import accelerator_identity
+            runtime["accelerator"] = accelerator_identity(gpu_info())
+        return {"runtime": runtime,
                 "image": None, "observed_identity": self._observed, "identity_differences": self._differences,
                 "host": host_info(), "gpus": gpu_info(), "ray_cluster": None}
 
@@ -63,12 +71,15 @@ class LocalRuntime(Runtime):
         self.spec = spec
 
     def follow(self, emit: Callable[[str], None], should_stop: Callable[[], bool]) -> str:
-        from rlk_kernels.smoke import SmokeConfig, run_smoke
-
         stop = lambda: should_stop() or self._stop_requested  # noqa: E731
+        lines = lambda line: [emit(part) for part in str(line).split("\n")]  # noqa: E731
         try:
-            config = SmokeConfig.from_arm(self._arm_doc)
-            run_smoke(config, emit=lambda line: [emit(part) for part in str(line).split("\n")], should_stop=stop)
+            if self.arm.engine == "gpu":
+                from kit.engines.gpu import run_in_process
+                run_in_process(self._arm_doc, emit=lines, should_stop=stop)
+            else:
+                from rlk_kernels.smoke import SmokeConfig, run_smoke
+                run_smoke(SmokeConfig.from_arm(self._arm_doc), emit=lines, should_stop=stop)
         except Exception:
             # the workload's own failure is engine output: it goes into the job log like a Ray job's stderr
             for line in traceback.format_exc().rstrip("\n").split("\n"):

@@ -1,0 +1,205 @@
+"""The policy's passes: seeded initialisation, the full-sequence forward, log-probs, and the rollout engine.
+
+Every pass goes through the modules of :mod:`rlk_kernels.ops` with a case letter per module: R runs
+the strict kernels (Triton on CUDA, the CPU reference elsewhere), P the production formulas. The
+residual stream is kept in the compute dtype (bf16 on CUDA), so a KV cache stores exactly the keys
+and values the training pass computes. Production log-probs take the LM head's bf16 logits to fp32
+before the log-softmax, as vLLM's sampler and Megatron's cross-entropy do. Example::
+
+    w = init_policy_weights(cfg, seed=1, device="cpu")
+    lp = sequence_logprobs(cast(w, torch.float32), cfg, tokens, ALL_R, prompt_len=5)      # [B, R]
+"""
+
+from __future__ import annotations
+
+from rlk_kernels import ops
+from rlk_kernels.forward import sample_tokens
+from rlk_kernels.model import rope_table
+
+ALL_P = {"attention": "P", "ffn": "P", "logp": "P"}
+
+
+def compute_dtype(device: str):
+    """bf16 on CUDA (the strict kernels' operand type), fp32 on the CPU (the reference)."""
+    import torch
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+
+
+def init_policy_weights(cfg, seed: int, device: str) -> dict:
+    """Seeded fp32 master weights drawn on ``device`` (std 1/sqrt(fan_in); norms 1 + 0.1·N(0,1); rows of
+    ids >= vocab zero), the layout of :func:`rlk_kernels.model.init_weights`."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    h, d = cfg.hidden, cfg.head_dim
+
+    def normal(rows, cols, fan_in):
+        return torch.randn(rows, cols, generator=gen, device=device) / fan_in ** 0.5
+
+    def norm(size):
+        return 1.0 + 0.1 * torch.randn(size, generator=gen, device=device)
+
+    weights = {"embed": torch.randn(cfg.padded_vocab, h, generator=gen, device=device)}
+    weights["embed"][cfg.vocab:] = 0
+    for i in range(cfg.layers):
+        p = f"layers.{i}."
+        weights[p + "input_norm"] = norm(h)
+        weights[p + "wq"] = normal(cfg.heads * d, h, h)
+        weights[p + "wk"] = normal(cfg.query_groups * d, h, h)
+        weights[p + "wv"] = normal(cfg.query_groups * d, h, h)
+        weights[p + "q_norm"] = norm(d)
+        weights[p + "k_norm"] = norm(d)
+        weights[p + "wo"] = normal(h, cfg.heads * d, cfg.heads * d)
+        weights[p + "post_norm"] = norm(h)
+        weights[p + "w_gate"] = normal(cfg.ffn_hidden, h, h)
+        weights[p + "w_up"] = normal(cfg.ffn_hidden, h, h)
+        weights[p + "w_down"] = normal(h, cfg.ffn_hidden, cfg.ffn_hidden)
+    weights["final_norm"] = norm(h)
+    lm = normal(cfg.padded_vocab, h, h)
+    lm[cfg.vocab:] = 0
+    weights["lm_head"] = lm
+    return weights
+
+
+def cast(weights: dict, dtype) -> dict:
+    """The compute copy of the weights (differentiable when the masters require grad)."""
+    return {k: v.to(dtype) for k, v in weights.items()}
+
+
+def rope_for(cfg, dtype, device):
+    return tuple(t.to(device, dtype) for t in rope_table(cfg))
+
+
+def strict_rms_norm(x, weight, eps):
+    """The strict RMSNorm ops uses: the Triton kernel on CUDA, the tree-summed reference elsewhere."""
+    from rlk_kernels import primitives
+    from rlk_kernels.gpu import use_gpu_path
+    if use_gpu_path(x):
+        from rlk_kernels.gpu.triton_pointwise import rms_norm
+        return rms_norm(x, weight, eps)
+    return primitives.rms_norm(x, weight, eps)
+
+
+def layers_forward(weights, cfg, rope, h, impls):
+    """Full-sequence decoder layers at TP1/CP1: h [B, L, H] -> [B, L, H] in h's dtype."""
+    length = h.shape[1]
+    positions = [list(range(length))]
+    for index in range(cfg.layers):
+        w = {k[len(f"layers.{index}."):]: v for k, v in weights.items() if k.startswith(f"layers.{index}.")}
+        attn = ops.attention_module_train(impls["attention"], w, cfg, rope, [h], positions, 1)[0]
+        h = h + attn.to(h.dtype)
+        h = h + ops.ffn_module(impls["ffn"], w, cfg, h.reshape(-1, cfg.hidden), 1).view_as(h).to(h.dtype)
+    return h
+
+
+def production_logp(weights, cfg, x, targets, *, temperature=1.0, entropy=False):
+    """Final RMSNorm, bf16 LM head over the padded vocabulary, fp32 log-softmax; logp [N] (and entropy [N])."""
+    import torch
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * weights["final_norm"]
+    logits = (normed @ weights["lm_head"].t()).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    live = torch.arange(cfg.padded_vocab, device=x.device) < cfg.vocab
+    logp_all = torch.log_softmax(logits.masked_fill(~live, float("-inf")), dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not entropy:
+        return logp
+    with torch.no_grad():
+        live_logp = logp_all[:, :cfg.vocab]
+        ent = -(live_logp.exp() * live_logp).sum(-1)
+    return logp, ent
+
+
+def token_logp(impl, weights, cfg, x, targets, *, temperature=1.0):
+    """Selected-token log-probs of rows x [N, H]: the strict logp module (R) or the production formula (P)."""
+    if impl == "R":
+        return ops.logp_module("R", weights, cfg, x, targets, 1, temperature=temperature).float()
+    return production_logp(weights, cfg, x, targets, temperature=temperature)
+
+
+def sequence_logprobs(weights, cfg, rope, tokens, impls, *, prompt_len: int, chunk: int, temperature=1.0):
+    """Training-side recompute (no grad) of the response tokens' log-probs over full sequences, ``chunk``
+    sequences at a time: tokens [B, P+R] -> [B, R] fp32."""
+    import torch
+    out = []
+    with torch.no_grad():
+        for part in tokens.split(chunk):
+            h = layers_forward(weights, cfg, rope, weights["embed"][part[:, :-1]], impls)
+            rows = h[:, prompt_len - 1:].reshape(-1, cfg.hidden)
+            out.append(token_logp(impls["logp"], weights, cfg, rows, part[:, prompt_len:].reshape(-1),
+                                  temperature=temperature).view(part.shape[0], -1))
+    return torch.cat(out)
+
+
+class RolloutEngine:
+    """Rollout: weights loaded by sync (cast to the compute dtype), prompt prefill, then one decode step
+    per response token over a KV cache, with seeded temperature/top-p/top-k sampling. The strict side
+    samples from the strict LM-head GEMM over the live ids and reports the strict logp kernel's value.
+
+    Example::
+
+        engine = RolloutEngine(cfg, impls=ALL_R, dtype=torch.bfloat16, device="cuda")
+        engine.load_weights(params)
+        tokens, logp = engine.generate(prompts, response_len=24, generator=gen)
+    """
+
+    def __init__(self, cfg, *, impls, dtype, device, temperature=1.0, top_p=1.0, top_k=-1):
+        self.cfg, self.impls, self.dtype, self.device = cfg, dict(impls), dtype, device
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.rope = rope_for(cfg, dtype, device)
+        self.weights = None
+
+    def load_weights(self, params: dict) -> None:
+        import torch
+        with torch.no_grad():
+            self.weights = {k: v.detach().to(self.dtype).clone() for k, v in params.items()}
+
+    def _layers(self, h, pos, caches, phase):
+        cfg = self.cfg
+        for index in range(cfg.layers):
+            w = {k[len(f"layers.{index}."):]: v for k, v in self.weights.items() if k.startswith(f"layers.{index}.")}
+            h = h + ops.attention_module_cached(self.impls["attention"], w, cfg, self.rope, h, pos, 1, caches[index],
+                                                phase=phase).to(h.dtype)
+            h = h + ops.ffn_module(self.impls["ffn"], w, cfg, h.reshape(-1, cfg.hidden), 1).view_as(h).to(h.dtype)
+        return h
+
+    def _sample(self, last, generator):
+        cfg, w = self.cfg, self.weights
+        if self.impls["logp"] == "R":
+            normed = strict_rms_norm(last, w["final_norm"], cfg.norm_eps)
+            head = ops.lm_head_shards(w, cfg)[:1, :, :cfg.vocab]          # the live ids all lie in shard 0
+            logits = ops.strict_linear_rows(normed, head)[0].float()
+            if self.temperature != 1.0:
+                logits = logits / self.temperature
+            token = sample_tokens(logits, generator, top_k=self.top_k, top_p=self.top_p)
+            return token, token_logp("R", w, cfg, last, token, temperature=self.temperature)
+        import torch
+        normed = last * torch.rsqrt(last.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * w["final_norm"]
+        logits = (normed @ w["lm_head"].t()).float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        logp_all = torch.log_softmax(logits[:, :cfg.vocab], dim=-1)   # ids >= vocab are masked: exp(-inf) = 0
+        token = sample_tokens(logits[:, :cfg.vocab], generator, top_k=self.top_k, top_p=self.top_p)
+        return token, logp_all.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+
+    def generate(self, prompts, *, response_len: int, generator):
+        """prompts [B, P] -> (tokens [B, P+response_len], logp [B, response_len] fp32)."""
+        import torch
+        cfg = self.cfg
+        with torch.no_grad():
+            batch, plen = prompts.shape
+            caches = [ops.KVCache(batch, cfg, plen + response_len, dtype=self.dtype) for _ in range(cfg.layers)]
+            pos = torch.arange(plen, device=prompts.device).unsqueeze(0).expand(batch, -1)
+            h = self._layers(self.weights["embed"][prompts], pos, caches, "prefill")
+            tokens = torch.cat([prompts, prompts.new_zeros(batch, response_len)], dim=1)
+            logps = torch.zeros(batch, response_len, dtype=torch.float32, device=prompts.device)
+            last = h[:, -1]
+            for step in range(response_len):
+                token, logp = self._sample(last, generator)
+                tokens[:, plen + step] = token
+                logps[:, step] = logp
+                if step == response_len - 1:
+                    break
+                step_pos = torch.full((batch, 1), plen + step, device=prompts.device)
+                last = self._layers(self.weights["embed"][token].unsqueeze(1), step_pos, caches, "decode")[:, -1]
+            return tokens, logps
