@@ -23,8 +23,10 @@ def prompt_set(seed: int = 0):
     """The built-in prompts [PROMPT_SET_SIZE, PROMPT_LEN] (a fixed, seeded list, drawn on the CPU)."""
     import torch
     gen = torch.Generator().manual_seed(104729 + seed)
-    digits = torch.randint(0, 10, (PROMPT_SET_SIZE, PROMPT_DIGITS), generator=gen) + DIGIT0
-    return torch.cat([torch.full((PROMPT_SET_SIZE, 1), BOS), digits, torch.full((PROMPT_SET_SIZE, 1), EQUALS)], dim=1)
+    cpu = {"device": "cpu"}   # the same list whatever device is the default
+    digits = torch.randint(0, 10, (PROMPT_SET_SIZE, PROMPT_DIGITS), generator=gen, **cpu) + DIGIT0
+    return torch.cat([torch.full((PROMPT_SET_SIZE, 1), BOS, **cpu), digits, torch.full((PROMPT_SET_SIZE, 1), EQUALS, **cpu)],
+                     dim=1)
 
 
 def prompt_set_sha256(seed: int = 0) -> str:
