@@ -44,7 +44,8 @@ def test_local_run_seals_and_verifies(strict_run):
     for key in ("steps", "reward (last)", "mismatched tokens (all steps)", "mismatched tokens (last step)", "step time"):
         assert key in proc.stdout
     assert sorted(p.name for p in run_dir.iterdir()) == ["arm.json", "kit.log", "manifest.json", "metrics.jsonl",
-                                                         "run.log", "seal.json", "status.json", "validation.json"]
+                                                         "monitors", "run.log", "seal.json", "status.json",
+                                                         "validation.json"]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert schema_problems(manifest, "run-manifest") == []
     assert manifest["inputs"]["model"]["weights_sha256"]

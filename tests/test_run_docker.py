@@ -177,7 +177,8 @@ def test_detached_run_is_finished_by_attach(ray_cluster, ws):
     assert doc["status"] == "detached" and doc["submission_id"] == "rlk-det-1"
     run_dir = ws / "runs" / "det-1"
     # nothing final yet: no metrics, no validation, no seal; verify refuses it
-    assert sorted(p.name for p in run_dir.iterdir()) == ["arm.json", "kit.log", "manifest.json", "run.log", "status.json"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["arm.json", "kit.log", "manifest.json", "monitors", "run.log",
+                                                     "status.json"]
     assert kit("verify", str(run_dir)).returncode == 1
 
     # an attach that is cut off mid-stream leaves the run detached; the next one re-streams from the start

@@ -120,7 +120,10 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
     from kit.analysis.output import publish, refuse_existing, write_csv, write_json
     from kit.analysis.perf import COLUMNS, SCHEMA, SUMMARY_CSV_COLUMNS, analyze_perf
 
-    files = PERF_FILES + (NOTES_FILE,) + _figure_files(PERF_FIGURES, figures)
+    from kit.analysis.monitors import FIGURE as MONITORS_FIGURE, has_monitors
+
+    monitored = figures and any(has_monitors(Path(r)) for r in runs)
+    files = PERF_FILES + (NOTES_FILE,) + _figure_files(PERF_FIGURES + ((MONITORS_FIGURE,) if monitored else ()), figures)
     refuse_existing(out_dir, files)
     arms = _load(runs, names, global_batch_size)
     pairing = "auto" if paired is None else ("paired" if paired else "unpaired")
@@ -135,6 +138,8 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
             from kit.analysis.plots import perf_figures
 
             written += perf_figures(report, tmp)
+        if monitored:   # GPU and host monitors of the run dirs, beside their step times
+            written += _monitor_figure(runs, arms, report, tmp)
         return written
 
     paths = publish(out_dir, produce)
@@ -143,6 +148,18 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
         return
     click.echo(_perf_text(report))
     click.echo(f"wrote {len(paths)} files to {out_dir}")
+
+
+def _monitor_figure(runs, arms, report, tmp: Path) -> list[str]:
+    from kit.analysis.monitors import monitor_figure, read_monitors
+
+    by_arm = {}
+    for path, arm in zip(runs, arms):
+        series = read_monitors(Path(path))
+        if series is not None:
+            rows = sorted((r for r in report.rows if r["arm"] == arm.name), key=lambda r: r["step"])
+            by_arm[arm.name] = (series, [r["step_time_s"] for r in rows if r["step_time_s"] is not None])
+    return monitor_figure(by_arm, tmp, report.summary["comparison"]["headline"])
 
 
 def _fmt(v, spec=".3f"):
