@@ -19,8 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kit.analysis import length_control
+from kit.analysis.alignment import alignment, incomplete_steps, step_ranges
 from kit.analysis.comparability import CONTROLLED_LABEL, DESCRIPTIVE_LABEL, Comparability, assess
-from kit.analysis.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, Resampler, describe, ols
+from kit.analysis.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, DESCRIPTIVES, SCHEMES, Resampler, describe
+from kit.analysis.table import manifest_arm
 from kit.model.errors import BadInput
 
 STAGES = (
@@ -43,16 +46,19 @@ COLUMNS = (
     "rollout_truncated_ratio", "update_weights_time_s", "wait_residual_time_s", "train_wait_time_s",
     "actor_train_time_s", "train_residual_time_s", "train_time_s", "data_preprocess_time_s",
     "unattributed_time_s", "step_time_s", "step_s_per_1k_response_tokens", "actor_train_tok_s",
-    "actor_train_tflops", "fully_truncated", "steady", "comparison",
+    "actor_train_tflops", "log_probs_time_s", "ref_log_probs_time_s", "actor_train_tok_per_gpu_s",
+    "step_response_tok_per_gpu_s", "fully_truncated", "joint_fully_truncated", "steady", "comparison",
 )
 # comparison: as in summary.csv — "reference" or "single arm" for the first arm, else whether that arm
 # against the reference is a "controlled comparison" or "descriptive, not causal"
-NUMERIC = tuple(c for c in COLUMNS if c not in ("arm", "step", "fully_truncated", "steady", "comparison"))
+FLAGS = ("arm", "step", "fully_truncated", "joint_fully_truncated", "steady", "comparison")
+NUMERIC = tuple(c for c in COLUMNS if c not in FLAGS)
 # metrics whose arm differences get a bootstrap CI
 COMPARED = (
     "step_time_s", "rollout_time_s", "update_weights_time_s", "wait_residual_time_s", "actor_train_time_s",
     "train_residual_time_s", "train_time_s", "rollout_tok_per_gpu_s", "rollout_aggregate_tok_s",
-    "actor_train_tok_s", "response_length_mean",
+    "actor_train_tok_s", "response_length_mean", "unattributed_time_s", "log_probs_time_s",
+    "ref_log_probs_time_s", "actor_train_tok_per_gpu_s", "step_response_tok_per_gpu_s",
 )
 # the log keys behind the raw columns, to name what a log lacks
 SOURCE_KEYS = {
@@ -62,7 +68,8 @@ SOURCE_KEYS = {
     "step_time_s": "perf/step_time", "rollout_tok_per_gpu_s": "perf/tokens_per_gpu_per_sec",
     "actor_train_tok_s": "perf/actor_train_tok_per_s", "actor_train_tflops": "perf/actor_train_tflops",
     "total_length_mean": "rollout/total_lengths", "response_length_mean": "rollout/response_lengths",
-    "rollout_truncated_ratio": "rollout/truncated_ratio",
+    "rollout_truncated_ratio": "rollout/truncated_ratio", "log_probs_time_s": "perf/log_probs_time",
+    "ref_log_probs_time_s": "perf/ref_log_probs_time",
 }
 
 
@@ -75,16 +82,29 @@ def _div(a, b):
 
 
 def _mul(a, k):
-    return None if a is None else a * k
+    return None if a is None or k is None else a * k
 
 
-def step_rows(arm, steady_from: int = 1) -> list[dict]:
-    """One row per step of the arm with the columns of step-metrics.csv (None where unknown)."""
+def arm_gpus(arm, override: int | None = None) -> int | None:
+    """GPUs the arm ran on: ``--gpus``, else the manifest arm's topology.gpus, else unknown (None)."""
+    if override is not None:
+        return override
+    topology = manifest_arm(arm.manifest).get("topology") if arm.manifest else None
+    gpus = topology.get("gpus") if isinstance(topology, dict) else None
+    return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else None
+
+
+def step_rows(arm, steady_from: int = 1, gpus: int | None = None) -> list[dict]:
+    """One row per step of the arm with the columns of step-metrics.csv (None where unknown).
+
+    Per-GPU throughputs divide by ``gpus`` (all GPUs of the run, trainer and rollout colocated).
+    """
     v = {key: arm.values(key) for key in (
         "rollout/response_lengths", "rollout/response_len/mean", "rollout/total_lengths",
         "rollout/truncated_ratio", "rollout/truncated", "perf/rollout_time", "perf/tokens_per_gpu_per_sec",
         "perf/update_weights_time", "perf/train_wait_time", "perf/actor_train_time", "perf/train_time",
-        "perf/data_preprocess_time", "perf/step_time", "perf/actor_train_tok_per_s", "perf/actor_train_tflops")}
+        "perf/data_preprocess_time", "perf/step_time", "perf/actor_train_tok_per_s", "perf/actor_train_tflops",
+        "perf/log_probs_time", "perf/ref_log_probs_time")}
     gbs = arm.global_batch_size
     rows = []
     for i, step in enumerate(arm.step_indices):
@@ -117,7 +137,10 @@ def step_rows(arm, steady_from: int = 1) -> list[dict]:
             "step_s_per_1k_response_tokens": _div(step_time, _mul(resp_tokens, 1e-3)),
             "actor_train_tok_s": v["perf/actor_train_tok_per_s"][i],
             "actor_train_tflops": v["perf/actor_train_tflops"][i],
-            "fully_truncated": None, "steady": step >= steady_from,
+            "log_probs_time_s": v["perf/log_probs_time"][i], "ref_log_probs_time_s": v["perf/ref_log_probs_time"][i],
+            "actor_train_tok_per_gpu_s": _div(_mul(total, gbs), _mul(actor, gpus)),
+            "step_response_tok_per_gpu_s": _div(resp_tokens, _mul(step_time, gpus)),
+            "fully_truncated": None, "joint_fully_truncated": False, "steady": step >= steady_from,
         })
     _mark_fully_truncated(arm, rows)
     return rows
@@ -142,13 +165,15 @@ def missing_keys(rows) -> list[str]:
     return sorted(key for col, key in SOURCE_KEYS.items() if all(r[col] is None for r in rows))
 
 
-SCHEMA = "rlk-kit/analysis-perf/v2"
+SCHEMA = "rlk-kit/analysis-perf/v3"
 
 SUBSETS = {
     "all": (lambda r: True, "every step"),
     "steady": (lambda r: r["steady"], "steps >= steady_from (warm-up excluded)"),
     "fully_truncated": (lambda r: r["fully_truncated"] is True,
                         "steps whose every sample hit max_response_len (truncated ratio 1)"),
+    "joint_fully_truncated": (lambda r: r["joint_fully_truncated"],
+                              "steps at which every arm is fully truncated (the same steps in each arm)"),
 }
 
 
@@ -162,15 +187,18 @@ class PerfReport:
 
 
 SUMMARY_CSV_COLUMNS = (
-    "subset", "metric", "arm", "n", "mean", "median", "p05", "p95", "min", "max", "sum", "std",
+    "subset", "metric", "arm", *DESCRIPTIVES,
     "reference_arm", "difference_vs_reference", "ci95_low", "ci95_high", "bootstrap_method",
-    "reference_over_arm", "comparison",
+    "percent_vs_reference", "percent_ci95_low", "percent_ci95_high", "reference_over_arm", "comparison",
 )
 
 
 def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: int = BOOTSTRAP_DRAWS,
-                 seed: int = BOOTSTRAP_SEED, compare=None) -> PerfReport:
-    """Everything ``kit analyze perf`` reports, as data. ``pairing`` is auto, paired or unpaired.
+                 seed: int = BOOTSTRAP_SEED, scheme: str = "kit", length_lines: str = length_control.DEFAULT,
+                 gpus: int | None = None, compare=None) -> PerfReport:
+    """Everything ``kit analyze perf`` reports, as data. ``pairing`` is auto, paired or unpaired;
+    ``scheme`` the bootstrap's (stats.SCHEMES); ``length_lines`` which length control leads (shared,
+    per-arm; both are reported); ``gpus`` overrides each manifest's topology.gpus.
 
     Pairing is decided per subset and pair of arms: paired only when both arms have the subset's
     steps at the same indices (a subset such as fully_truncated can hold different steps per arm even
@@ -182,14 +210,19 @@ def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: in
         raise BadInput(f"arm name(s) {', '.join(dupes)} given twice; rename with --name (one per run, in order)")
     if pairing not in ("auto", "paired", "unpaired"):
         raise BadInput(f"pairing {pairing!r}: expected auto, paired or unpaired")
-    per_arm = {a.name: step_rows(a, steady_from) for a in arms}
+    if scheme not in SCHEMES:
+        raise BadInput(f"bootstrap scheme {scheme!r}: expected one of {', '.join(SCHEMES)}")
+    if length_lines not in ("shared", "per-arm"):
+        raise BadInput(f"length lines {length_lines!r}: expected shared or per-arm")
+    per_arm = {a.name: step_rows(a, steady_from, arm_gpus(a, gpus)) for a in arms}
+    _mark_joint_fully_truncated(per_arm)
     shared = len({a.step_indices for a in arms}) == 1
     if pairing == "paired" and not shared:
         steps = "; ".join(f"{a.name}: {len(a.step_indices)} steps {a.step_indices[0]}..{a.step_indices[-1]}"
                           for a in arms)
         raise BadInput(f"--paired needs every arm to have the same step indices ({steps}); use --unpaired")
     verdict = assess(arms, compare)
-    resampler = Resampler(draws, seed)
+    resampler = Resampler(draws, seed, scheme)
 
     subsets = {}
     summary_rows = []
@@ -210,16 +243,18 @@ def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: in
                 d = stats[name][col]
                 if d["n"] == 0:
                     continue
-                row = {"subset": subset, "metric": col, "arm": name, **{k: d[k] for k in
-                       ("n", "mean", "median", "p05", "p95", "min", "max", "sum", "std")}}
+                row = {"subset": subset, "metric": col, "arm": name, **{k: d[k] for k in DESCRIPTIVES}}
                 c = comparisons.get(name)
                 m = c["metrics"].get(col) if c else None
+                pct = ((m["bootstrap"] or {}).get("percent") or {}) if m else {}
                 row.update({
                     "reference_arm": ref if c else "",
                     "difference_vs_reference": m["difference"] if m else None,
                     "ci95_low": (m["bootstrap"] or {}).get("ci95_low") if m else None,
                     "ci95_high": (m["bootstrap"] or {}).get("ci95_high") if m else None,
                     "bootstrap_method": (m["bootstrap"] or {}).get("method", "") if m else "",
+                    "percent_vs_reference": pct.get("estimate"), "percent_ci95_low": pct.get("ci95_low"),
+                    "percent_ci95_high": pct.get("ci95_high"),
                     "reference_over_arm": m["reference_over_other"] if m else None,
                     "comparison": _row_label(verdict, name, names),
                 })
@@ -232,22 +267,32 @@ def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: in
     all_rows = [r for n in names for r in per_arm[n]]
     methods = {c["bootstrap_method"] for c in subsets["all"]["comparisons"]} or \
         {"unpaired" if pairing == "unpaired" else "paired"}  # one arm: what its steps would allow
+    label_of = _label_of(verdict)
+    per_arm_lines = length_control.per_arm_fits(names, all_rows, label_of)
     summary = {
         "schema": SCHEMA,
         "kit_version": _kit_version(),
-        "arms": [_arm_json(a, per_arm[a.name]) for a in arms],
+        "arms": [_arm_json(a, per_arm[a.name], arm_gpus(a, gpus)) for a in arms],
         "comparison": verdict.to_json(),
         "settings": {"steady_from": steady_from, "pairing_requested": pairing,
                      # the all-steps subset's; each subset's comparisons[] say their own
                      "pairing_used": "paired" if methods == {"paired"} else "unpaired",
-                     "bootstrap": {"draws": draws, "seed": seed, "statistic": "mean(arm) - mean(reference)",
-                                   "interval": "percentile 2.5/97.5"}},
+                     "bootstrap": {"draws": draws, "seed": seed, "scheme": scheme, "scheme_definition": SCHEMES[scheme],
+                                   "statistic": "mean(arm) - mean(reference); percent: 100*(mean(arm)/mean(reference) - 1)",
+                                   "interval": "percentile 2.5/97.5"},
+                     "length_lines": length_lines, "gpus_override": gpus},
+        "alignment": alignment(arms, per_arm, COMPARED),
         "stages": [{"id": s, "label": lbl, "column": col, "formula": f} for s, lbl, col, f in STAGES],
         "subsets": subsets,
         "stage_contributions": _stage_contributions(names, subsets["all"], verdict),
         "throughput": _pooled_throughput(names, per_arm),
         "speedups": _speedups(names, subsets["all"], verdict),
-        "regressions": _regressions(names, all_rows, verdict),
+        "regressions": length_control.shared_fits(names, all_rows, label_of),
+        "length_control": {"default": length_control.DEFAULT, "leading": length_lines,
+                           "why_default": length_control.WHY_DEFAULT, "per_arm": per_arm_lines,
+                           "notes": [f"{d['response']}: the slope of {', '.join(d['slopes_differ'])} differs from "
+                                     f"{names[0]}'s (interaction CI excludes 0); the gap depends on length"
+                                     for d in per_arm_lines if d["slopes_differ"]]},
     }
     return PerfReport(tuple(all_rows), summary, tuple(summary_rows), verdict, tuple(names))
 
@@ -258,8 +303,8 @@ def _kit_version() -> str:
     return __version__
 
 
-def _arm_json(arm, rows) -> dict:
-    return {
+def _arm_json(arm, rows, gpus) -> dict:
+    return {"gpus": gpus,
         "name": arm.name, "log": str(arm.log_path), "run_dir": str(arm.run_dir) if arm.run_dir else None,
         "bare_log": arm.is_bare_log, "steps": len(rows), "first_step": rows[0]["step"], "last_step": rows[-1]["step"],
         "global_batch_size": arm.global_batch_size, "global_batch_size_origin": arm.global_batch_size_origin,
@@ -298,9 +343,16 @@ def _compare(ref, other, chosen, stats, pairing, resampler, verdict) -> dict:
         if a_mean is None or b_mean is None:
             continue
         a_vals, b_vals = [r[col] for r in ref_rows], [r[col] for r in other_rows]
-        boot = resampler.paired(a_vals, b_vals) if paired else resampler.unpaired(a_vals, b_vals)
+        gaps = sorted(set(incomplete_steps(ref_rows, col)) | set(incomplete_steps(other_rows, col)))
+        # A step without a value on one side cannot be paired; pairing the rest would put a CI on a
+        # different number than the difference of means printed beside it, so this metric goes unpaired.
+        boot = resampler.paired(a_vals, b_vals) if paired and not gaps else resampler.unpaired(a_vals, b_vals)
         metrics[col] = {"reference_mean": a_mean, "other_mean": b_mean, "difference": b_mean - a_mean,
-                        "reference_over_other": _div(a_mean, b_mean), "bootstrap": boot}
+                        "reference_over_other": _div(a_mean, b_mean), "bootstrap": boot,
+                        "n_reference": stats[ref][col]["n"], "n_other": stats[other][col]["n"],
+                        "incomplete_steps": gaps,
+                        "note": (f"unpaired: step(s) {step_ranges(gaps)} lack a value in one arm" if paired and gaps
+                                 else None)}
     return {"reference": ref, "other": other, "label": label, "bootstrap_method": "paired" if paired else "unpaired",
             "paired_steps": len(ref_steps) if paired else None, "pairing_reason": why, "metrics": metrics}
 
@@ -369,37 +421,17 @@ def _speedups(names, block, verdict) -> list[dict]:
     return out
 
 
-MODELS = (
-    # (response column, token column, token regressor name)
-    ("step_time_s", "response_tokens_total", "response_ktokens"),
-    ("step_time_s", "total_tokens_total", "total_ktokens"),
-    ("rollout_time_s", "response_tokens_total", "response_ktokens"),
-    ("actor_train_time_s", "total_tokens_total", "total_ktokens"),
-    ("actor_train_time_s", "response_tokens_total", "response_ktokens"),
-)
+def _label_of(verdict):
+    def label_of(other):
+        pair = verdict.pair(other)
+        return _label(verdict, other), pair is not None and pair.controlled
+    return label_of
 
 
-def _regressions(names, rows, verdict) -> list[dict]:
-    """OLS of a stage time on tokens (in thousands) with one indicator per non-reference arm.
-
-    The arm coefficient is the length-controlled gap: the time difference at equal tokens. Like every
-    other arm difference it carries its pair's label.
-    """
-    out = []
-    for response, token_col, token_name in MODELS:
-        cols = {"intercept": [1.0] * len(rows), token_name: [_mul(r[token_col], 1e-3) for r in rows]}
-        for other in names[1:]:
-            cols[f"arm[{other}]"] = [1.0 if r["arm"] == other else 0.0 for r in rows]
-        fit = ols(response, [r[response] for r in rows], cols)
-        if fit is None:
-            continue
-        doc = fit.to_json()
-        doc["model"] = f"{response} ~ 1 + {token_name}" + "".join(f" + arm[{o}]" for o in names[1:])
-        doc["reference_arm"] = names[0]
-        for coefficient in doc["coefficients"]:
-            other = coefficient["name"][4:-1] if coefficient["name"].startswith("arm[") else None
-            if other in names[1:]:
-                pair = verdict.pair(other)
-                coefficient.update(label=_label(verdict, other), controlled=pair is not None and pair.controlled)
-        out.append(doc)
-    return out
+def _mark_joint_fully_truncated(per_arm) -> None:
+    # the joint length-cap subset: steps at which every arm hit the cap, so the arms are paired there
+    sets = [{r["step"] for r in rows if r["fully_truncated"] is True} for rows in per_arm.values()]
+    joint = set.intersection(*sets) if sets else set()
+    for rows in per_arm.values():
+        for r in rows:
+            r["joint_fully_truncated"] = r["step"] in joint

@@ -21,21 +21,26 @@ def exact_mean(values) -> float:
     return float(statistics.mean(values))
 
 
+DESCRIPTIVES = ("n", "mean", "median", "p05", "p50", "p90", "p95", "p99", "min", "max", "sum", "std")
+
+
 def describe(values) -> dict:
-    """``{n, mean, median, p05, p95, min, max, sum, std}`` of the finite values; std is the sample std."""
+    """``{n, mean, median, p05, p50, p90, p95, p99, min, max, sum, std}`` of the finite values.
+
+    Percentiles are numpy's linear ones (p50 equals the median); std is the sample std (ddof 1).
+    """
     import numpy as np
 
     finite = [v for v in values if v is not None and math.isfinite(v)]
     if not finite:
-        return {"n": 0, "mean": None, "median": None, "p05": None, "p95": None, "min": None, "max": None,
-                "sum": None, "std": None}
+        return {key: (0 if key == "n" else None) for key in DESCRIPTIVES}
     arr = np.asarray(finite, dtype=float)
+    p05, p50, p90, p95, p99 = (float(q) for q in np.percentile(arr, [5, 50, 90, 95, 99]))
     return {
         "n": len(finite),
         "mean": exact_mean(finite),
         "median": float(np.median(arr)),
-        "p05": float(np.percentile(arr, 5)),
-        "p95": float(np.percentile(arr, 95)),
+        "p05": p05, "p50": p50, "p90": p90, "p95": p95, "p99": p99,
         "min": float(arr.min()),
         "max": float(arr.max()),
         "sum": math.fsum(finite),
@@ -167,52 +172,102 @@ def ols(response: str, y, columns: dict) -> OlsFit | None:
 
 # --- bootstrap ----------------------------------------------------------------------------------------
 
+SCHEMES = {
+    "kit": "one index matrix per sample size and stream, default_rng([seed, stream, n]); shared by every metric",
+    "published": "the published analysis: default_rng(seed).integers(0, n, (draws, n)) drawn once per n and reused "
+                 "for every paired difference; unpaired draws the other arm's matrix, then the reference's, "
+                 "from one default_rng(seed)",
+}
+
+
 class Resampler:
     """Bootstrap resampling, shared by every metric of one comparison (a joint bootstrap).
 
-    One matrix of ``draws × n`` indices drawn with replacement (numpy default_rng, seeded) is made per
-    sample size and stream, and reused for every metric, so all metrics see the same resampled steps.
-    The CI is the 2.5/97.5 percentile of the resampled means. Example::
+    Index matrices of ``draws × n`` (drawn with replacement) are made once and reused for every
+    metric, so all metrics see the same resampled steps; ``scheme`` says how they are drawn
+    (SCHEMES). The CI is the 2.5/97.5 percentile of the resampled statistic; the % effect
+    ``100·(mean(other)/mean(reference) − 1)`` is resampled with the same indices. Example::
 
         >>> r = Resampler(seed=1)
         >>> r.paired([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])["estimate"]
         0.5
     """
 
-    def __init__(self, draws: int = BOOTSTRAP_DRAWS, seed: int = BOOTSTRAP_SEED):
-        self.draws, self.seed = draws, seed
+    def __init__(self, draws: int = BOOTSTRAP_DRAWS, seed: int = BOOTSTRAP_SEED, scheme: str = "kit"):
+        if scheme not in SCHEMES:
+            raise ValueError(f"bootstrap scheme {scheme!r}: expected one of {', '.join(SCHEMES)}")
+        self.draws, self.seed, self.scheme = draws, seed, scheme
         self._indices: dict = {}
 
-    def _resampled_means(self, values, stream: int):
+    def _matrix(self, n: int, stream: int):
         import numpy as np
 
-        n = len(values)
         key = (n, stream)
         if key not in self._indices:
-            rng = np.random.default_rng([self.seed, stream, n])
-            self._indices[key] = rng.integers(0, n, size=(self.draws, n), dtype=np.intp)
-        return np.asarray(values, dtype=float)[self._indices[key]].mean(axis=1)
+            if self.scheme == "kit":
+                rng = np.random.default_rng([self.seed, stream, n])
+                self._indices[key] = rng.integers(0, n, size=(self.draws, n), dtype=np.intp)
+            elif stream == 0:
+                self._indices[key] = np.random.default_rng(self.seed).integers(0, n, size=(self.draws, n))
+            else:   # unpaired, published: the other arm's matrix first, then the reference's, from one generator
+                n_other, n_ref = n
+                rng = np.random.default_rng(self.seed)
+                other = rng.integers(0, n_other, size=(self.draws, n_other))
+                self._indices[key] = (other, rng.integers(0, n_ref, size=(self.draws, n_ref)))
+        return self._indices[key]
 
-    def _summary(self, estimate: float, means, method: str, n: tuple) -> dict:
+    def _summary(self, estimate: float, means, method: str, n: tuple, percent=None) -> dict:
         import numpy as np
 
         lo, hi = np.percentile(means, [2.5, 97.5])
-        return {"estimate": estimate, "ci95_low": float(lo), "ci95_high": float(hi), "draws": self.draws,
-                "seed": self.seed, "method": method, "n": list(n)}
+        out = {"estimate": estimate, "ci95_low": float(lo), "ci95_high": float(hi), "draws": self.draws,
+               "seed": self.seed, "scheme": self.scheme, "method": method, "n": list(n), "percent": None}
+        if percent is not None:
+            est, draws = percent
+            finite = draws[np.isfinite(draws)]
+            if est is not None and len(finite) == len(draws):
+                plo, phi = np.percentile(finite, [2.5, 97.5])
+                out["percent"] = {"estimate": est, "ci95_low": float(plo), "ci95_high": float(phi)}
+        return out
 
     def paired(self, reference, other) -> dict | None:
         """Mean of (other − reference) over aligned steps; pairs with a missing side are dropped."""
-        diffs = [b - a for a, b in zip(reference, other) if a is not None and b is not None]
-        if len(diffs) < 2:
+        import numpy as np
+
+        pairs = [(a, b) for a, b in zip(reference, other) if a is not None and b is not None]
+        if len(pairs) < 2:
             return None
-        means = self._resampled_means(diffs, 0)
-        return self._summary(exact_mean(diffs), means, "paired", (len(diffs),))
+        a = np.asarray([p[0] for p in pairs], dtype=float)
+        b = np.asarray([p[1] for p in pairs], dtype=float)
+        idx = self._matrix(len(pairs), 0)
+        diffs = b - a
+        ma, mb = a[idx].mean(axis=1), b[idx].mean(axis=1)
+        return self._summary(exact_mean(diffs.tolist()), diffs[idx].mean(axis=1), "paired", (len(pairs),),
+                             _percent(a.tolist(), b.tolist(), ma, mb))
 
     def unpaired(self, reference, other) -> dict | None:
         """mean(other) − mean(reference), each arm resampled independently."""
+        import numpy as np
+
         a = [v for v in reference if v is not None]
         b = [v for v in other if v is not None]
         if len(a) < 2 or len(b) < 2:
             return None
-        means = self._resampled_means(b, 2) - self._resampled_means(a, 1)
-        return self._summary(exact_mean(b) - exact_mean(a), means, "unpaired", (len(a), len(b)))
+        if self.scheme == "kit":
+            ia, ib = self._matrix(len(a), 1), self._matrix(len(b), 2)
+        else:
+            ib, ia = self._matrix((len(b), len(a)), 1)
+        ma = np.asarray(a, dtype=float)[ia].mean(axis=1)
+        mb = np.asarray(b, dtype=float)[ib].mean(axis=1)
+        return self._summary(exact_mean(b) - exact_mean(a), mb - ma, "unpaired", (len(a), len(b)),
+                             _percent(a, b, ma, mb))
+
+
+def _percent(a, b, resampled_a, resampled_b):
+    """The % effect 100·(mean(b)/mean(a) − 1) and its resampled values; None when mean(a) can be 0."""
+    import numpy as np
+
+    ref = exact_mean(a)
+    if ref == 0 or not np.all(resampled_a != 0):
+        return None
+    return 100.0 * (exact_mean(b) / ref - 1.0), 100.0 * (resampled_b / resampled_a - 1.0)

@@ -103,7 +103,19 @@ def _options(fn):
               help="First step of the steady-state subset (steps >= K).")
 @click.option("--draws", type=click.IntRange(min=100), default=20_000, show_default=True, help="Bootstrap draws.")
 @click.option("--seed", type=click.IntRange(min=0), default=1234, show_default=True, help="Bootstrap seed.")
-def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, steady_from, draws, seed):
+@click.option("--bootstrap", "scheme", type=click.Choice(["kit", "published"]), default="kit", show_default=True,
+              help="Index draws: kit (one matrix per sample size and stream), or published (default_rng(SEED)."
+                   "integers(0, n, (DRAWS, n)) once, reused for paired differences: checks a published table bit for bit).")
+@click.option("--length-lines", type=click.Choice(["shared", "per-arm"]), default="shared", show_default=True,
+              help="Which length control leads the text and figure; both are in summary.json. shared: one slope, "
+                   "one gap at every length; per-arm: a line per arm, gap at the pooled mean length.")
+@click.option("--gpus", type=click.IntRange(min=1), default=None,
+              help="GPUs per run for per-GPU throughput (default: the manifest's topology.gpus; bare logs: none).")
+@click.option("--strict", is_flag=True,
+              help="Exit 1 (after writing the report) unless the arms hold the same steps with every record parsed "
+                   "and every logged metric present at each step.")
+def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, steady_from, draws, seed, scheme,
+         length_lines, gpus, strict):
     """Per-step stage decomposition, throughput, OLS and bootstrap CIs of arm differences.
 
     \b
@@ -116,6 +128,7 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
     \b
     Example:
       kit analyze perf runs/g10 runs/g11 --out report/perf --unpaired
+      kit analyze perf G10.log G11.log --out r --bootstrap published --strict
     """
     from kit.analysis.output import publish, refuse_existing, write_csv, write_json
     from kit.analysis.perf import COLUMNS, SCHEMA, SUMMARY_CSV_COLUMNS, analyze_perf
@@ -127,13 +140,18 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
     refuse_existing(out_dir, files)
     arms = _load(runs, names, global_batch_size)
     pairing = "auto" if paired is None else ("paired" if paired else "unpaired")
-    report = analyze_perf(arms, steady_from=steady_from, pairing=pairing, draws=draws, seed=seed)
+    report = analyze_perf(arms, steady_from=steady_from, pairing=pairing, draws=draws, seed=seed, scheme=scheme,
+                          length_lines=length_lines, gpus=gpus)
+    warnings = report.summary["alignment"]["warnings"]
 
     def produce(tmp: Path) -> list[str]:
         written = [write_csv(tmp / "step-metrics.csv", COLUMNS, report.rows),
                    write_csv(tmp / "summary.csv", SUMMARY_CSV_COLUMNS, report.summary_rows),
                    write_json(tmp / "summary.json", report.summary, SCHEMA)]
-        written += _write_notes(tmp, _notes(arms, report.summary["comparison"]["headline"]))
+        notes = _notes(arms, report.summary["comparison"]["headline"])
+        notes += [f"uneven data: {w}" for w in warnings] if notes else (
+            [report.summary["comparison"]["headline"], ""] + [f"uneven data: {w}" for w in warnings] if warnings else [])
+        written += _write_notes(tmp, notes)
         if figures:
             from kit.analysis.plots import perf_figures
 
@@ -143,11 +161,17 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
         return written
 
     paths = publish(out_dir, produce)
+    for w in warnings:
+        click.echo(f"kit: warning: uneven data: {w}", err=True)
     if as_json:
         click.echo(json.dumps(report.summary, indent=2, sort_keys=True))
-        return
-    click.echo(_perf_text(report))
-    click.echo(f"wrote {len(paths)} files to {out_dir}")
+    else:
+        click.echo(_perf_text(report))
+        click.echo(f"wrote {len(paths)} files to {out_dir}")
+    if strict and warnings:
+        click.echo(f"kit: --strict: the arms are not aligned ({len(warnings)} problem(s), listed above and in "
+                   f"{out_dir / 'summary.json'} alignment.warnings)", err=True)
+        raise SystemExit(1)
 
 
 def _monitor_figure(runs, arms, report, tmp: Path) -> list[str]:
@@ -185,8 +209,11 @@ def _perf_text(report) -> str:
         for metric in ("step_time_s", "rollout_time_s", "actor_train_time_s", "train_time_s"):
             m = comp["metrics"].get(metric)
             if m and m["bootstrap"]:
-                b = m["bootstrap"]
-                lines.append(f"  {metric:<22}{m['difference']:+10.3f}  95% CI [{b['ci95_low']:+.3f}, {b['ci95_high']:+.3f}]")
+                b, pct = m["bootstrap"], m["bootstrap"]["percent"]
+                effect = f"  {pct['estimate']:+.2f} % [{pct['ci95_low']:+.2f}, {pct['ci95_high']:+.2f}]" if pct else ""
+                lines.append(f"  {metric:<22}{m['difference']:+10.3f}  95% CI [{b['ci95_low']:+.3f}, {b['ci95_high']:+.3f}]"
+                             f"{effect}")
+    lines += _length_text(s)
     for sp in s["speedups"]:
         lines.append(f"  end-to-end {sp['other']}/{sp['reference']} step time ratio "
                      f"{_fmt(sp['end_to_end_other_over_reference'], '.4f')} ({sp['label']})")
@@ -195,6 +222,20 @@ def _perf_text(report) -> str:
             lines.append(f"note: {arm['name']} logs no {', '.join(arm['missing_log_keys'])}; those columns are empty")
         lines += [f"note: {arm['name']}: {note}" for note in arm["notes"]]
     return "\n".join(lines)
+
+
+def _length_text(s) -> list[str]:
+    """The step-time gap at equal response tokens, by the leading length control (the other in brackets)."""
+    lc = s["length_control"]
+    shared = [d for d in s["regressions"] if d["response"] == "step_time_s" and d["coefficients"][1]["name"] == "response_ktokens"]
+    per_arm = [d for d in lc["per_arm"] if d["response"] == "step_time_s" and "response_ktokens" in d["model"]]
+    out = []
+    for doc, how in ((shared, "shared slope"), (per_arm, "per-arm lines at the pooled mean"))[::1 if lc["leading"] == "shared" else -1]:
+        for c in (doc[0]["coefficients"] if doc else []):
+            if c["name"].startswith("arm["):
+                out.append(f"  step time gap at equal response tokens, {how}: {c['name'][4:-1]} {c['estimate']:+.3f} s "
+                           f"[{c['ci95_low']:+.3f}, {c['ci95_high']:+.3f}]")
+    return out + [f"  note: {n}" for n in lc["notes"][:2]]
 
 
 @command.command("convergence")
