@@ -8,13 +8,23 @@ and with figures. Side by side in the same run, the seed's way of bootstrapping 
 matrix for every metric) against the kit's (one seeded index matrix shared by all metrics).
 Goal (issue 6): 2 arms x 200 steps with 20,000 draws in < 1 s on 2 cores.
 
-    python benchmarks/analysis_speed.py            # prints a table; results/analysis_speed.txt keeps one run
+Side by side with the predecessor's analyzer (analyze_performance.py of the published study, given with
+--predecessor; it is not part of this repository): interleaved pairs, each running the predecessor's
+script and then `kit analyze perf` with all figures (PNG + PDF) on the same two logs, in fresh
+interpreters. The predecessor needs keys the published rounds.csv lacks, so these logs add
+rollout/total_lengths = response + 512, perf/actor_train_time = 0.8 x train_time and
+perf/data_preprocess_time = 0.05 s, a pair of tqdm bars per step, and no colour codes. Goal (issue 20): >= 2x faster.
+
+    python benchmarks/analysis_speed.py --predecessor PATH/analyze_performance.py [--pairs 5]
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -66,7 +76,74 @@ def seed_style_bootstrap(values_by_metric, draws=20_000, seed=1234):
     return out
 
 
+def predecessor_ready_logs(directory: Path) -> dict:
+    """The published logs with the keys and bars the predecessor requires (module doc)."""
+    from fixtures_vime_logs import published_rounds, write_log
+
+    directory.mkdir(parents=True)
+    out = {}
+    for group, rows in published_rounds().items():
+        path = write_log(directory / f"{group}.log", rows, with_tqdm=True)
+        lines = []
+        for line in path.read_text().splitlines():
+            line = re.sub(r"\x1b\[[0-9;]*m", "", line)      # the predecessor does not strip colour codes
+            if re.search(r"\brollout \d+: \{", line):
+                resp = float(re.search(r"'rollout/response_lengths': ([0-9.e+-]+)", line).group(1))
+                line = line.replace("{", f"{{'rollout/total_lengths': {resp + 512.0!r}, ", 1)
+            elif re.search(r"\bperf \d+: \{'perf/step_time'", line):
+                train = float(re.search(r"'perf/train_time': ([0-9.e+-]+)", line).group(1))
+                line = line.replace("{", f"{{'perf/actor_train_time': {0.8 * train!r}, "
+                                         "'perf/data_preprocess_time': 0.05, ", 1)
+            lines.append(line)
+        path.write_text("\n".join(lines) + "\n")
+        out[group] = path
+    return out
+
+
+def side_by_side(predecessor: Path, root: Path, pairs: int) -> list[str]:
+    """Interleaved pairs: the predecessor's script, then kit with figures, then kit without."""
+    logs = predecessor_ready_logs(root / "logs")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+
+    def timed(cmd) -> float:
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(map(str, cmd))} exited {proc.returncode}: {proc.stderr.strip()[-600:]}")
+        return time.perf_counter() - t0
+
+    old, new, bare = [], [], []
+    for i in range(pairs + 1):     # pair 0 warms the file cache and byte-code; not counted
+        o = timed([sys.executable, str(predecessor), "--g10-log", logs["G10"], "--g11-log", logs["G11"],
+                   "--output-dir", root / f"old{i}"])
+        n = timed([sys.executable, "-m", "kit", "analyze", "perf", logs["G10"], logs["G11"], "--out", root / f"new{i}"])
+        b = timed([sys.executable, "-m", "kit", "analyze", "perf", logs["G10"], logs["G11"], "--out", root / f"bare{i}",
+                   "--no-figures"])
+        if i:
+            old.append(o), new.append(n), bare.append(b)
+    figures = sorted(p.name for p in (root / "new1").iterdir() if p.suffix in (".png", ".pdf"))
+    old_figures = sorted(p.name for p in (root / "old1").iterdir() if p.suffix in (".png", ".pdf"))
+    ratios = [o / n for o, n in zip(old, new)]
+    med = statistics.median
+    digest = hashlib.sha256(predecessor.read_bytes()).hexdigest()
+    return [
+        f"side by side with the predecessor's analyzer, {pairs} interleaved pairs, fresh interpreters, same 2 logs:",
+        f"  predecessor: {predecessor.name} sha256 {digest[:16]}…, {len(old_figures)} figure files (PNG + PDF)",
+        f"  {'':<46}{'median s':>9}{'min s':>8}",
+        f"  {'predecessor analyze_performance.py (figures)':<46}{med(old):>9.3f}{min(old):>8.3f}",
+        f"  {'kit analyze perf, all figures (' + str(len(figures)) + ' files)':<46}{med(new):>9.3f}{min(new):>8.3f}",
+        f"  {'kit analyze perf --no-figures':<46}{med(bare):>9.3f}{min(bare):>8.3f}",
+        f"  per-pair ratio predecessor / kit with figures: median {med(ratios):.2f}x "
+        f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x) -> goal >= 2x {'met' if med(ratios) >= 2 else 'NOT met'}",
+        f"  ratio predecessor / kit --no-figures (medians): {med(old) / med(bare):.2f}x",
+    ]
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--predecessor", type=Path, help="the predecessor's analyze_performance.py")
+    parser.add_argument("--pairs", type=int, default=5)
+    args = parser.parse_args()
     from fixtures_vime_logs import write_published_logs
     from kit.analysis.convergence import analyze_convergence
     from kit.analysis.perf import COMPARED, analyze_perf, step_rows
@@ -110,6 +187,8 @@ def main() -> None:
         cli_perf(logs, tmp / "cli-warm", "--no-figures")  # warm the OS file cache and byte-code
         cli_bare_best, cli_bare_med = best_of_cli(logs, tmp / "cli-no-figures", 5, "--no-figures")
         cli_fig_best, cli_fig_med = best_of_cli(logs, tmp / "cli-figures", 3)
+        versus = side_by_side(args.predecessor.resolve(), tmp / "versus", args.pairs) if args.predecessor else \
+            ["side by side with the predecessor: not run (give --predecessor PATH)"]
 
     goal = 1.0
     verdict = lambda t: "met" if t < goal else "NOT met"
@@ -143,7 +222,7 @@ def main() -> None:
         f"  kit analyze perf with figures, end to end (median)        {cli_fig_med:.3f} s -> {verdict(cli_fig_med)}"
         + ("" if cli_fig_med < goal else f" (rendering the figures takes {cli_fig_med - cli_bare_med:.1f} s of it)"),
     ]
-    print("\n".join(lines))
+    print("\n".join(lines + [""] + versus))
 
 
 if __name__ == "__main__":

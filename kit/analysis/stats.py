@@ -239,10 +239,12 @@ class Resampler:
             return None
         a = np.asarray([p[0] for p in pairs], dtype=float)
         b = np.asarray([p[1] for p in pairs], dtype=float)
-        idx = self._matrix(len(pairs), 0)
+        m = self._matrix(len(pairs), 0)
         diffs = b - a
-        ma, mb = a[idx].mean(axis=1), b[idx].mean(axis=1)
-        return self._summary(exact_mean(diffs.tolist()), diffs[idx].mean(axis=1), "paired", (len(pairs),),
+        ma, mb = a[m].mean(axis=1), b[m].mean(axis=1)
+        # the published arithmetic gathers the differences (bit for bit); the kit's reuses the two means
+        resampled = mb - ma if self.scheme == "kit" else diffs[m].mean(axis=1)
+        return self._summary(exact_mean(diffs.tolist()), resampled, "paired", (len(pairs),),
                              _percent(a.tolist(), b.tolist(), ma, mb))
 
     def unpaired(self, reference, other) -> dict | None:
@@ -253,12 +255,12 @@ class Resampler:
         b = [v for v in other if v is not None]
         if len(a) < 2 or len(b) < 2:
             return None
+        va, vb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
         if self.scheme == "kit":
             ia, ib = self._matrix(len(a), 1), self._matrix(len(b), 2)
         else:
             ib, ia = self._matrix((len(b), len(a)), 1)
-        ma = np.asarray(a, dtype=float)[ia].mean(axis=1)
-        mb = np.asarray(b, dtype=float)[ib].mean(axis=1)
+        ma, mb = va[ia].mean(axis=1), vb[ib].mean(axis=1)
         return self._summary(exact_mean(b) - exact_mean(a), mb - ma, "unpaired", (len(a), len(b)),
                              _percent(a, b, ma, mb))
 
