@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("kit.cli.run", "Run an arm locally, in its container or on a Ray cluster, and seal the evidence."),
     "suite": ("kit.cli.suite", "Run the module matrix M000..M111 and attribute mismatches per module."),
     "analyze": ("kit.cli.analyze", "Performance decomposition, statistics, convergence tables and figures."),
+    "export": ("kit.cli.export", "Export runs to an MLflow tracking store (params, metrics, tags, evidence)."),
     "kernels": ("kit.cli.kernels", "Conformance oracle of the strict and production operators."),
 }
 

@@ -1,0 +1,1 @@
+"""Exports of sealed runs to the tools their users read them in (MLflow)."""
