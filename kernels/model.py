@@ -78,21 +78,22 @@ class ModelConfig:
         return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def init_weights(cfg: ModelConfig, seed: int, *, layers: int | None = None, dtype=None) -> dict:
-    """Seeded weights (normal, std 1/sqrt(fan_in)); ``layers`` overrides the layer count (the oracle uses 1)."""
+def init_weights(cfg: ModelConfig, seed: int, *, layers: int | None = None, dtype=None, device: str = "cpu") -> dict:
+    """Seeded weights (normal, std 1/sqrt(fan_in)); ``layers`` overrides the layer count (the oracle uses 1);
+    ``device`` is where they are drawn (its generator: a CUDA draw differs from the CPU one)."""
     import torch
 
     dtype = dtype or torch.float32
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     h, d = cfg.hidden, cfg.head_dim
 
     def normal(rows, cols, fan_in):
-        return (torch.randn(rows, cols, generator=gen) / fan_in ** 0.5).to(dtype)
+        return (torch.randn(rows, cols, generator=gen, device=device) / fan_in ** 0.5).to(dtype)
 
     def norm(size):
-        return (1.0 + 0.1 * torch.randn(size, generator=gen)).to(dtype)
+        return (1.0 + 0.1 * torch.randn(size, generator=gen, device=device)).to(dtype)
 
-    weights = {"embed": torch.randn(cfg.padded_vocab, h, generator=gen).to(dtype)}
+    weights = {"embed": torch.randn(cfg.padded_vocab, h, generator=gen, device=device).to(dtype)}
     weights["embed"][cfg.vocab:] = 0
     for i in range(cfg.layers if layers is None else layers):
         p = f"layers.{i}."

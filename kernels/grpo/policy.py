@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from rlk_kernels import ops
 from rlk_kernels.forward import sample_tokens
-from rlk_kernels.model import rope_table
+from rlk_kernels.model import init_weights, rope_table
 
 ALL_P = {"attention": "P", "ffn": "P", "logp": "P"}
 
@@ -26,39 +26,8 @@ def compute_dtype(device: str):
 
 
 def init_policy_weights(cfg, seed: int, device: str) -> dict:
-    """Seeded fp32 master weights drawn on ``device`` (std 1/sqrt(fan_in); norms 1 + 0.1·N(0,1); rows of
-    ids >= vocab zero), the layout of :func:`rlk_kernels.model.init_weights`."""
-    import torch
-
-    gen = torch.Generator(device=device).manual_seed(seed)
-    h, d = cfg.hidden, cfg.head_dim
-
-    def normal(rows, cols, fan_in):
-        return torch.randn(rows, cols, generator=gen, device=device) / fan_in ** 0.5
-
-    def norm(size):
-        return 1.0 + 0.1 * torch.randn(size, generator=gen, device=device)
-
-    weights = {"embed": torch.randn(cfg.padded_vocab, h, generator=gen, device=device)}
-    weights["embed"][cfg.vocab:] = 0
-    for i in range(cfg.layers):
-        p = f"layers.{i}."
-        weights[p + "input_norm"] = norm(h)
-        weights[p + "wq"] = normal(cfg.heads * d, h, h)
-        weights[p + "wk"] = normal(cfg.query_groups * d, h, h)
-        weights[p + "wv"] = normal(cfg.query_groups * d, h, h)
-        weights[p + "q_norm"] = norm(d)
-        weights[p + "k_norm"] = norm(d)
-        weights[p + "wo"] = normal(h, cfg.heads * d, cfg.heads * d)
-        weights[p + "post_norm"] = norm(h)
-        weights[p + "w_gate"] = normal(cfg.ffn_hidden, h, h)
-        weights[p + "w_up"] = normal(cfg.ffn_hidden, h, h)
-        weights[p + "w_down"] = normal(h, cfg.ffn_hidden, cfg.ffn_hidden)
-    weights["final_norm"] = norm(h)
-    lm = normal(cfg.padded_vocab, h, h)
-    lm[cfg.vocab:] = 0
-    weights["lm_head"] = lm
-    return weights
+    """Seeded fp32 master weights drawn on ``device``: :func:`rlk_kernels.model.init_weights` there."""
+    return init_weights(cfg, seed, device=device)
 
 
 def cast(weights: dict, dtype) -> dict:

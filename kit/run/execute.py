@@ -28,6 +28,7 @@ from kit.model.documents import require_valid, schema_id, sha256_of_document, sh
 from kit.model.errors import BadInput, CheckFailed, KitError
 from kit.gates.rules import GATE_SET_VERSION, MISMATCH_KEY, RunEvidence, evaluate, mismatch_count, step_global_batch_size
 from kit.evidence.redact import Redactor, is_secret_name, redact_env
+from kit.engines import gpu as gpu_engine
 from kit.engines.vime.records import parse_records
 from kit.run.monitors import Monitors
 
@@ -496,8 +497,7 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
     if arm_doc["engine"] == "smoke":
         inputs = smoke_inputs(arm_doc)
     elif arm_doc["engine"] == "gpu":
-        from kit.engines.gpu import workload_inputs
-        inputs = workload_inputs(arm_doc)
+        inputs = gpu_engine.workload_inputs(arm_doc)
     else:
         from kit.inputs.prepare import Workspace
         inputs = file_inputs(files, Workspace(request.workspace.resolve()).hash_cache, progress=progress)

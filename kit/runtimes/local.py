@@ -15,6 +15,7 @@ import sys
 import traceback
 from typing import Callable
 
+from kit.engines import gpu as gpu_engine
 from kit.model.errors import BadInput
 from kit.runtimes import JobSpec, Runtime, gpu_info, host_info
 
@@ -54,8 +55,7 @@ class LocalRuntime(Runtime):
         runtime = {"kind": self.kind, "in_process": True,
                    "note": "the host is not the pinned image; identity differences are recorded, not refused"}
         if self.arm.engine == "gpu":   # the GPU host's own identity: device, CUDA, Triton, kernel fingerprint
-            from kit.engines.gpu import accelerator_identity
-            runtime["accelerator"] = accelerator_identity(gpu_info())
+            runtime["accelerator"] = gpu_engine.accelerator_identity(gpu_info())
         return {"runtime": runtime,
                 "image": None, "observed_identity": self._observed, "identity_differences": self._differences,
                 "host": host_info(), "gpus": gpu_info(), "ray_cluster": None}
@@ -75,8 +75,7 @@ class LocalRuntime(Runtime):
         lines = lambda line: [emit(part) for part in str(line).split("\n")]  # noqa: E731
         try:
             if self.arm.engine == "gpu":
-                from kit.engines.gpu import run_in_process
-                run_in_process(self._arm_doc, emit=lines, should_stop=stop)
+                gpu_engine.run_in_process(self._arm_doc, emit=lines, should_stop=stop)
             else:
                 from rlk_kernels.smoke import SmokeConfig, run_smoke
                 run_smoke(SmokeConfig.from_arm(self._arm_doc), emit=lines, should_stop=stop)
