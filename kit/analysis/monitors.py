@@ -136,4 +136,4 @@ def monitor_figure(by_arm: dict, out_dir: Path, subtitle: str) -> list[str]:
     axes[3].set_xlabel("seconds since the monitors started", fontsize=8)
     axes[3].legend(fontsize=7, loc="upper right")
     fig.suptitle("monitors beside the step times", fontsize=10)
-    return _save(fig, out_dir, FIGURE, subtitle)
+    return _save(fig, out_dir, FIGURE, subtitle, margins={"bottom": 0.08, "top": 0.94, "hspace": 0.25})
