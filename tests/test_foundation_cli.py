@@ -53,7 +53,9 @@ def test_compare_by_name_and_json():
     doc = json.loads(result.output)
     assert doc["schema"] == "rlk-kit/comparison/v2" and doc["controlled"] is False
     assert {d["path"] for d in doc["differences"] if d["status"] == "uncontrolled"} == {
-        "attention_backend", "stack.packages.transformer-engine", "stack.sources.rl-kernel.commit", "stack.sources.vime.commit"}
+        "attention_backend", "stack.packages.transformer-engine", "stack.sources.rl-kernel.commit", "stack.sources.vime.commit",
+        # G10's TE 2.18 selects its CUDA 12 core explicitly (docs/locks.md)
+        "stack.packages.transformer-engine-cu12", "stack.excludes.transformer-engine-cu13"}
 
 
 def test_compare_native_consistency_is_controlled():

@@ -21,7 +21,7 @@ _PATH_RE = re.compile(r"/opt/rlk(?:/[A-Za-z0-9_.-]+)*")
 
 def _allowed_paths() -> set[str]:
     dirs = {L.SOURCES_DIR, L.VENV, L.BIN_DIR, L.PYTHON_INSTALL_DIR}
-    files = {L.STACK_PATH, L.PROBE_AT_BUILD_PATH, L.PYTHON, L.RAY, L.ENTRYPOINT, f"{L.VENV}/bin", f"{L.VENV}/bin/pip"}
+    files = {L.STACK_PATH, L.LOCK_PATH, L.PROBE_AT_BUILD_PATH, L.PYTHON, L.RAY, L.ENTRYPOINT, f"{L.VENV}/bin", f"{L.VENV}/bin/pip"}
     files |= {f"{L.BIN_DIR}/{p.name}" for p in (REPO / "docker" / "bin").iterdir()}
     files |= {L.source_dir(name) for name in ("rl-kernel", "vime", "megatron-lm")}
     return dirs | files

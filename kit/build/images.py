@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kit.build.plan import (DOCKERFILES, IMAGE_BUILD_TOOLS, PLATFORMS, REVISION_LABEL, SOURCE_LABEL, BuildPlan,
-                            ContextEntry, context_tar, make_plan, patch_context_path, pin_labels, requirement,
+from kit.build.plan import (DOCKERFILES, PLATFORMS, REVISION_LABEL, SOURCE_LABEL, BuildPlan,
+                            ContextEntry, context_tar, make_plan, patch_context_path, pin_labels,
                             source_problems)
 from kit.model.errors import BadInput, CheckFailed
 from kit.build.layout import (ENTRYPOINT, LABEL_PREFIX, PROBE_AT_BUILD_PATH, PROBE_COMMAND, PROBE_STACK_ENV,
@@ -126,6 +126,13 @@ def collect_context(stack_doc: dict, platform: str, *, workspace: Path, override
     for rel in (DOCKERFILES[platform], "docker/bin/install-source", "docker/bin/entrypoint"):
         out.entries.append(ContextEntry.of_bytes(rel, (REPO_ROOT / rel).read_bytes(), 0o755 if "/bin/" in rel else 0o644))
     out.entries.append(ContextEntry.of_bytes("stack.json", dumps_pretty(stack_doc).encode()))
+    # The lock enters the context (so the inputs sha256 and the tag) by its bytes: one changed hash, a new tag.
+    lock = stack_lock(stack_doc["name"], platform, manifests_dir)
+    if lock is not None:
+        out.entries.append(ContextEntry.of_bytes("lock.json", dumps_pretty(lock).encode()))
+    else:
+        out.notes.append(f"stack {stack_doc['name']!r} has no lock for {platform} in {manifests_dir}; "
+                         f"run `kit lock {stack_doc['name']} --platform {platform}`")
     names = {s["name"] for s in stack_doc.get("sources", [])}
     for name in sorted(set(overrides) - names):
         raise BadInput(f"--source {name}: the stack {stack_doc['name']!r} has no source {name!r}; "
@@ -163,7 +170,10 @@ def collect_context(stack_doc: dict, platform: str, *, workspace: Path, override
     out.entries.append(ContextEntry.of_bytes("patches/.keep", b""))
     out.entries.extend(_kit_source_entries())
     if platform == "cpu":
-        out.entries.extend(_wheelhouse_entries(stack_doc, workspace, dry_run, out))
+        if lock is None:
+            raise BadInput(f"stack {stack_doc['name']!r}: a cpu image installs from its lock only, and "
+                           f"{manifests_dir} has none; run `kit lock {stack_doc['name']} --platform cpu`")
+        out.entries.extend(_wheelhouse_entries(lock, workspace, dry_run, out))
     return out
 
 
@@ -243,46 +253,45 @@ def _kit_source_entries() -> list[ContextEntry]:
     return out
 
 
-def wheelhouse_requirements(stack_doc: dict) -> list[str]:
-    from kit.model.stack import packages_for
+def stack_lock(stack_name: str, platform: str, manifests_dir: Path) -> dict | None:
+    """The committed lock of a stack's platform (manifests/lock-<stack>-<platform>.json), or None."""
+    from kit.model.catalog import Catalog
 
-    packages = packages_for(stack_doc, "cpu")
-    # The kit builds inside the image without isolation, with the same setuptools as the CUDA/ROCm
-    # images (pyproject asks setuptools>=68); a stack that pins setuptools wins.
-    tools = {"setuptools": IMAGE_BUILD_TOOLS["setuptools"]}
-    return sorted(requirement(n, v) for n, v in {**tools, **packages}.items())
+    entry = Catalog.load(manifests_dir).lock(stack_name, platform)
+    return entry[0] if entry else None
 
 
-def _wheelhouse_entries(stack_doc: dict, workspace: Path, dry_run: bool, out: CollectedContext) -> list[ContextEntry]:
-    reqs = wheelhouse_requirements(stack_doc)
-    py = ".".join(stack_doc["python"].split(".")[:2])
-    host_py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    key = hashlib.sha256(json.dumps([py, reqs]).encode()).hexdigest()[:16]
+def _wheelhouse_entries(lock: dict, workspace: Path, dry_run: bool, out: CollectedContext) -> list[ContextEntry]:
+    """The lock's files, downloaded once by their sha256 (pip --require-hashes --no-deps)."""
+    from kit.model.lock import hashed_requirements, lock_sha256, platform_tags
+
+    reqs = hashed_requirements(lock)
+    key = lock_sha256(lock)[:16]
     directory = workspace / "wheelhouse" / key
     sums = directory / "SHA256SUMS"
     if not sums.is_file():
         if dry_run:
             out.notes.append(f"wheelhouse {directory} is not downloaded yet; the inputs sha256 will change when it is")
             return [ContextEntry("wheelhouse/", 0o755, "pending:" + key)]
-        if py != host_py:
-            raise BadInput(f"the stack pins python {stack_doc['python']}; the wheelhouse is downloaded by this "
-                           f"host's python {host_py}, which must be the same minor version")
         directory.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-                               "--dest", str(directory), *reqs], capture_output=True, text=True)
+        (directory / "requirements.lock").write_text(reqs)
+        py = lock["target"]["python"].split(".")
+        platforms = [a for tag in platform_tags(lock["target"]["python_platform"]) for a in ("--platform", tag)]
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
+                               "--only-binary=:all:", "--python-version", f"{py[0]}.{py[1]}", *platforms,
+                               "--dest", str(directory), "-r", str(directory / "requirements.lock")],
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             raise BadInput(f"pip download into {directory} failed: {proc.stderr.strip()[-800:]}")
         lines = []
         for wheel in sorted(directory.glob("*.whl")):
             lines.append(f"{hashlib.sha256(wheel.read_bytes()).hexdigest()}  {wheel.name}\n")
         sums.write_text("".join(lines))
-    entries, lock = [], []
+    entries = []
     for line in sums.read_text().splitlines():
         digest, name = line.split("  ", 1)
         entries.append(ContextEntry(f"wheelhouse/{name}", 0o644, f"sha256:{digest}", file=str(directory / name)))
-        dist, version = name.split("-")[:2]
-        lock.append(f"{dist.lower().replace('_', '-')}=={version}\n")
-    entries.append(ContextEntry.of_bytes("wheelhouse/requirements.lock", "".join(sorted(lock)).encode()))
+    entries.append(ContextEntry.of_bytes("wheelhouse/requirements.lock", reqs.encode()))
     return entries
 
 
@@ -643,12 +652,25 @@ def verify_image_by_probe(image_ref: str, stack, *, client=None, timeout_s: int 
     return ProbeCheck(not differences, differences, observed)
 
 
+def image_platform(client, image: str) -> str:
+    """The platform an image was built for, from its dev.rlk-kit.platform label ("" when unlabelled)."""
+    try:
+        return (client.images.get(image).labels or {}).get(f"{LABEL_PREFIX}.platform", "")
+    except Exception:   # an engine error here leaves the lock comparison to the build-time check
+        return ""
+
+
 def probe_differences(client, image: str, observed: dict, stack_doc: dict) -> list[tuple[str, str | None, str | None]]:
     """What a probe inside a container of ``image`` shows against the stack's pins, and its compiled
     extensions against the image's build-time probe (the only record of those build outputs)."""
     from kit.build.probe import extension_differences, identity_differences
 
     differences = identity_differences(observed, stack_doc)
+    lock = stack_lock(stack_doc["name"], image_platform(client, image), _manifests_dir())
+    if lock is not None:
+        from kit.build.installed import freeze_entries, installed_differences
+
+        differences += installed_differences(lock, freeze_entries(observed.get("freeze", [])))
     at_build = build_time_probe(client, image)
     if "error" in at_build:
         differences.append(("probe_at_build", PROBE_AT_BUILD_PATH, at_build["error"]))

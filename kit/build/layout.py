@@ -7,6 +7,7 @@ tests/test_image_layout.py holds every path they name to this table.
 
 SOURCES_DIR = "/opt/rlk/src"            # each stack source at /opt/rlk/src/<source name>
 STACK_PATH = "/opt/rlk/stack.json"      # the resolved stack document baked into the image
+LOCK_PATH = "/opt/rlk/lock.json"        # the lock the image's packages were installed from
 PROBE_AT_BUILD_PATH = "/opt/rlk/probe-at-build.json"   # the probe's document from the build's last step
 VENV = "/opt/rlk/venv"
 PYTHON_INSTALL_DIR = "/opt/rlk/python"  # the interpreter uv installs for the CUDA/ROCm venv

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import re
 import tarfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from kit.model.documents import canonical_json
+from kit.model.lock import INSTALL_EXTRAS, lock_sha256
 from kit.model.errors import CheckFailed
 from kit.build.layout import LABEL_PREFIX
 
@@ -31,8 +33,6 @@ PLATFORMS = ("cuda", "rocm", "cpu")
 DOCKERFILES = {"cuda": "Dockerfile.cuda", "rocm": "Dockerfile.rocm", "cpu": "docker/Dockerfile.cpu"}
 # The static Dockerfiles take one set of build args per source name (no loops in a Dockerfile).
 BAKED_SOURCES = ("rl-kernel", "vime", "megatron-lm")
-# Extras are part of how a package is installed, not of its pin (the stack names the distribution).
-INSTALL_EXTRAS = {"ray": "default", "transformer-engine": "pytorch"}
 # Installed apart from PACKAGES: its torch extension builds against the torch installed first.
 SEPARATE_PACKAGES = ("transformer-engine",)
 # Build tools of the CUDA/ROCm images; uv embeds the sha256 of every Python build it downloads.
@@ -307,6 +307,9 @@ def make_plan(stack_doc: dict, stack_sha256: str, platform: str, context: list[C
     lab = labels(stack_doc, stack_sha256, platform, inputs_sha256=inputs, kit_version=kit_version,
                  kit_source_sha256=kit_sha, created=created_timestamp(commit_dates or {}), source_url=source_url,
                  revision=revision, base_image_id=base_image_id)
+    lock_entry = next((e for e in ctx if e.path == "lock.json" and e.data is not None), None)
+    if lock_entry is not None:
+        lab[f"{LABEL_PREFIX}.lock.sha256"] = lock_sha256(json.loads(lock_entry.data))
     all_notes = list(notes or [])
     if entry.get("unresolved"):
         all_notes.append(f"base {entry['base_image']} is unresolved (a tag, not a digest)"

@@ -12,11 +12,14 @@ from kit.model.errors import BadInput, CheckFailed
 @click.command(name="probe")
 @click.option("--check-stack", "check_stack", type=click.Path(dir_okay=False, path_type=Path),
               help="A resolved stack document (e.g. /opt/rlk/stack.json); exit 1 if any pin differs.")
+@click.option("--check-lock", "check_lock", type=click.Path(dir_okay=False, path_type=Path),
+              help="A lock document (e.g. /opt/rlk/lock.json); exit 1 if any installed distribution or "
+                   "installed file differs from it.")
 @click.option("--source-root", "source_roots", multiple=True, metavar="NAME=PATH",
               help="Where a source is checked out (default /opt/rlk/src/NAME). Repeatable.")
 @click.option("--no-conformance", is_flag=True, help="Skip the kernel-conformance fingerprint.")
 @click.option("--json", "as_json", is_flag=True, help="Print the probe/v1 document.")
-def command(check_stack, source_roots, no_conformance, as_json):
+def command(check_stack, check_lock, source_roots, no_conformance, as_json):
     """Report git HEADs and trees of the baked sources, package versions, Python, torch, GPUs.
 
     \b
@@ -24,6 +27,7 @@ def command(check_stack, source_roots, no_conformance, as_json):
       kit probe --json                                   # inside an image
       kit probe --check-stack /opt/rlk/stack.json        # last step of every image build
       kit probe --check-stack stack.json --source-root vime=../vime --json
+      kit probe --check-stack /opt/rlk/stack.json --check-lock /opt/rlk/lock.json
     """
     from kit.model.documents import dumps_pretty, read_json_file, require_valid
     from kit.build.probe import identity_differences, observed_identity
@@ -43,7 +47,12 @@ def command(check_stack, source_roots, no_conformance, as_json):
             roots[name] = Path(path)
     observed = observed_identity(stack, source_roots=roots, include_conformance=not no_conformance)
     differences = identity_differences(observed, stack) if stack is not None else []
-    if stack is not None:
+    if check_lock is not None:
+        from kit.build.installed import installed_differences, installed_versions, record_differences
+
+        lock = require_valid(read_json_file(check_lock), str(check_lock), "lock")
+        differences += installed_differences(lock, installed_versions()) + record_differences()
+    if stack is not None or check_lock is not None:
         observed["differences"] = [{"field": f, "expected": e, "observed": o} for f, e, o in differences]
     if as_json:
         click.echo(dumps_pretty(observed), nl=False)
@@ -62,4 +71,5 @@ def command(check_stack, source_roots, no_conformance, as_json):
             click.echo(f"  conformance fingerprint {fp if isinstance(fp, str) else 'MISSING: ' + str(fp.get('error'))}")
     if differences:
         shown = "; ".join(f"{f}: expected {e}, observed {o}" for f, e, o in differences)
-        raise CheckFailed(f"{len(differences)} pin(s) differ from {check_stack}: {shown}")
+        against = " and ".join(str(p) for p in (check_stack, check_lock) if p is not None)
+        raise CheckFailed(f"{len(differences)} pin(s) differ from {against}: {shown}")

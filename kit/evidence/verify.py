@@ -15,6 +15,7 @@ from pathlib import Path
 from kit.model.arm import arm_rule_problems, matrix_arm_documents
 from kit.model.documents import read_json_file, schema_problems, sha256_of_file
 from kit.model.errors import KitError
+from kit.model.lock import lock_rule_problems
 from kit.model.stack import Stack, StackResolutionError, resolve_stack_document, stack_rule_problems
 
 
@@ -55,6 +56,8 @@ def verify_document_file(path: Path) -> FileVerdict:
             verdict.notes += notes
         elif verdict.kind == "arm-matrix":
             problems = _matrix_rules(path, doc)
+        elif verdict.kind == "lock":
+            problems = _lock_rules(path, doc)
     if not problems and verdict.kind in ("stack", "arm", "arm-matrix"):
         clash = _catalog_for(path).name_clash(doc, str(path))
         if clash:
@@ -62,6 +65,18 @@ def verify_document_file(path: Path) -> FileVerdict:
     verdict.problems = problems
     verdict.status = "fail" if problems else "ok"
     return verdict
+
+
+def _lock_rules(path: Path, doc: dict) -> list[tuple[str, str]]:
+    """The CUDA/ROCm rules, and that the lock still locks its stack's pins (kit/model/lock.py)."""
+    catalog = _catalog_for(path)
+    if doc["stack"] not in catalog.stack_docs:
+        return [("/stack", f"names stack {doc['stack']!r}, which {catalog.directory} does not hold")]
+    try:
+        stack_doc = catalog.stack(doc["stack"]).document
+    except KitError as exc:
+        return [("/stack", f"stack {doc['stack']!r} does not resolve: {exc}")]
+    return lock_rule_problems(doc, stack_doc)
 
 
 def _stack_rules(path: Path, doc: dict) -> tuple[list, list]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from kit.model.arm import Arm, arm_rule_problems, matrix_arm_documents
 from kit.model.documents import read_json_file, require_valid, schema_problems
 from kit.model.errors import BadInput, KitError
+from kit.model.lock import LOCK_SCHEMA
 from kit.model.stack import Stack, StackResolutionError, resolve_stack_document
 
 
@@ -64,6 +65,7 @@ class Catalog:
     unreadable: dict[str, str] = field(default_factory=dict)               # file -> why
     # (schema, name) -> every file that uses the name; more than one is a lock error, never a silent pick
     files_by_name: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    lock_docs: dict[tuple[str, str], tuple[dict, str]] = field(default_factory=dict)  # (stack, platform) ->
 
     @classmethod
     def default(cls) -> "Catalog":
@@ -85,6 +87,9 @@ class Catalog:
         return cat
 
     def _add(self, doc, path: str) -> None:
+        if isinstance(doc, dict) and doc.get("schema") == LOCK_SCHEMA and isinstance(doc.get("stack"), str):
+            self.lock_docs.setdefault((doc["stack"], str(doc.get("platform"))), (doc, path))
+            return
         if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
             return
         kind = {"rlk-kit/stack/v1": self.stack_docs, "rlk-kit/arm/v1": self.arm_docs,
@@ -126,6 +131,10 @@ class Catalog:
             raise BadInput(f"unknown stack {name!r}; stacks in {self.directory}: {known}")
         self._refuse_ambiguous("rlk-kit/stack/v1", name)
         return self.resolve_stack(*entry)
+
+    def lock(self, stack_name: str, platform: str) -> tuple[dict, str] | None:
+        """(lock document, file) of a stack's platform, or None when it has not been locked."""
+        return self.lock_docs.get((stack_name, platform))
 
     # --- arms -----------------------------------------------------------------
 
@@ -191,6 +200,7 @@ class Catalog:
 
 
 def _kind(doc: dict):
-    """The document kind a catalog files it under: arm/v2 only widens arm/v1 (the gpu engine), so both are arms."""
+    """The document kind a catalog files it under: arm/v2 only widens arm/v1 (the gpu engine), so both are arms;
+    stack/v2 widens stack/v1 (platform variants, locks), so both are stacks."""
     schema = doc.get("schema")
-    return "rlk-kit/arm/v1" if schema == "rlk-kit/arm/v2" else schema
+    return {"rlk-kit/arm/v2": "rlk-kit/arm/v1", "rlk-kit/stack/v2": "rlk-kit/stack/v1"}.get(schema, schema)

@@ -105,7 +105,7 @@ def merge_stack(parent: dict, child: dict) -> dict:
     for key, value in child.items():
         if key == "extends":
             continue
-        if key in ("platforms", "packages"):
+        if key in ("platforms", "packages", "excludes"):
             merged = dict(out.get(key, {}))
             merged.update(copy.deepcopy(value))
             out[key] = merged
@@ -172,12 +172,13 @@ def stack_rule_problems(resolved: dict) -> list[tuple[str, str]]:
         if names.index(name) != i:
             problems.append((f"/sources/{i}/name", f"source {name!r} is listed twice"))
     for platform, entry in resolved["platforms"].items():
-        if platform == "cuda" and "cuda_arch_list" not in entry:
-            problems.append(("/platforms/cuda", "a cuda platform needs cuda_arch_list (for example [\"9.0\"] for H100/H200)"))
-        if platform == "rocm" and "gfx_targets" not in entry:
-            problems.append(("/platforms/rocm", "a rocm platform needs gfx_targets (for example [\"gfx942\"] for MI300X)"))
-        if platform != "cuda" and "cuda_arch_list" in entry:
-            problems.append((f"/platforms/{platform}/cuda_arch_list", "only the cuda platform takes cuda_arch_list"))
-        if platform != "rocm" and "gfx_targets" in entry:
-            problems.append((f"/platforms/{platform}/gfx_targets", "only the rocm platform takes gfx_targets"))
+        kind = platform.split("-", 1)[0]   # cuda-debian is a cuda platform
+        if kind == "cuda" and "cuda_arch_list" not in entry:
+            problems.append((f"/platforms/{platform}", "a cuda platform needs cuda_arch_list (for example [\"9.0\"] for H100/H200)"))
+        if kind == "rocm" and "gfx_targets" not in entry:
+            problems.append((f"/platforms/{platform}", "a rocm platform needs gfx_targets (for example [\"gfx942\"] for MI300X)"))
+        if kind != "cuda" and "cuda_arch_list" in entry:
+            problems.append((f"/platforms/{platform}/cuda_arch_list", "only a cuda platform takes cuda_arch_list"))
+        if kind != "rocm" and "gfx_targets" in entry:
+            problems.append((f"/platforms/{platform}/gfx_targets", "only a rocm platform takes gfx_targets"))
     return problems

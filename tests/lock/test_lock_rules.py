@@ -1,0 +1,170 @@
+"""The lock rules over the committed locks, a cu13 edit, the unfixed TE 2.18 case and a ROCm fixture."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.evidence.verify import verify_document_file
+from kit.model.catalog import Catalog
+from kit.model.lock import cuda_major, lock_differences, lock_rule_problems, lock_sha256
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "manifests"
+ROCM_FIXTURE = Path(__file__).parent / "data" / "lock-rocm-fixture.json"
+CUDA_LOCKS = ["vime-base", "vime-g10", "vime-g11", "vime-current"]
+
+
+def _lock(name: str, platform: str = "cuda") -> dict:
+    return json.loads((MANIFESTS / f"lock-{name}-{platform}.json").read_text())
+
+
+@pytest.mark.parametrize("stack", CUDA_LOCKS)
+def test_committed_cuda_locks_are_complete_and_pass_the_rules(stack):
+    lock = _lock(stack)
+    versions = {p["name"]: p["version"] for p in lock["packages"]}
+    assert len(lock["packages"]) >= 150
+    assert versions["torch"] == "2.9.1" and versions["vllm"] == "0.16.0"
+    assert all(f["sha256"] and len(f["sha256"]) == 64 for p in lock["packages"] for f in p["files"])
+    assert not any("://" in json.dumps(p) for p in lock["packages"]), "a lock names no index host"
+    assert verify_document_file(MANIFESTS / f"lock-{stack}-cuda.json").status == "ok"
+
+
+def test_g10_locks_the_cuda12_core_of_te_2_18():
+    versions = {p["name"]: p["version"] for p in _lock("vime-g10")["packages"]}
+    assert versions["transformer-engine-cu12"] == "2.18.0" and "transformer-engine-cu13" not in versions
+
+
+def test_a_cu13_package_in_a_cu12_lock_fails_verify_naming_package_and_rule(tmp_path):
+    for path in MANIFESTS.glob("*.json"):
+        (tmp_path / path.name).write_text(path.read_text())
+    lock = _lock("vime-g11")
+    i = next(i for i, p in enumerate(lock["packages"]) if p["name"] == "nvidia-nccl-cu12")
+    lock["packages"][i]["name"] = "nvidia-nccl-cu13"
+    target = tmp_path / "lock-vime-g11-cuda.json"
+    target.write_text(json.dumps(lock))
+    proc = subprocess.run([sys.executable, "-m", "kit", "verify", str(target)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "nvidia-nccl-cu13" in proc.stdout and "cuda-major" in proc.stdout
+
+
+def test_the_unfixed_te_2_18_resolution_is_caught():
+    """transformer-engine[pytorch]==2.18.0 as written resolves to the CUDA 13 core next to torch cu12.8."""
+    lock = _lock("vime-g10")
+    unfixed = copy.deepcopy(lock)
+    for p in unfixed["packages"]:
+        if p["name"] == "transformer-engine-cu12":
+            p["name"] = "transformer-engine-cu13"
+    problems = lock_rule_problems(unfixed)
+    assert any("transformer-engine-cu13" in m and m.startswith("cuda-major") for _, m in problems)
+
+
+def test_rules_place_every_kind_of_cuda_package():
+    assert cuda_major("cupy-cuda12x", "14.2.0")[0] == 12
+    assert cuda_major("cuda-bindings", "13.5.0")[0] == 13
+    assert cuda_major("flashinfer-jit-cache", "0.6.3+cu129")[0] == 12
+    assert cuda_major("torch", "2.9.1+cu130")[0] == 13
+    assert cuda_major("nvidia-cutlass-dsl-libs-cu13", "4.8.1")[0] == 13
+    assert cuda_major("nvidia-ml-py", "13.615.71") == (None, "")
+
+
+def test_unknown_cuda_release_fails_closed():
+    lock = _lock("vime-g11")
+    del lock["target"]["accelerator"]["version"]
+    assert any(m.startswith("cuda-version") for _, m in lock_rule_problems(lock))
+
+
+def test_rocm_fixture_passes_and_cuda_packages_or_wrong_torch_fail():
+    lock = json.loads(ROCM_FIXTURE.read_text())
+    assert lock_rule_problems(lock) == []
+    bad = copy.deepcopy(lock)
+    bad["packages"].append({"name": "nvidia-nccl-cu12", "version": "2.27.5",
+                            "files": [{"file": "nvidia_nccl_cu12-2.27.5-py3-none-manylinux_2_18_x86_64.whl", "sha256": "3" * 64}]})
+    bad["packages"][2]["version"] = "2.9.1+rocm6.2"
+    messages = [m for _, m in lock_rule_problems(bad)]
+    assert any(m.startswith("no-cuda-in-rocm: nvidia-nccl-cu12") for m in messages)
+    assert any(m.startswith("torch-local-version: torch 2.9.1+rocm6.2") for m in messages)
+    cuda = copy.deepcopy(_lock("vime-g11"))
+    cuda["packages"].append(lock["packages"][1])
+    assert any(m.startswith("no-rocm-in-cuda: pytorch-triton-rocm") for _, m in lock_rule_problems(cuda))
+
+
+def test_a_lock_that_no_longer_matches_its_stack_is_stale():
+    catalog = Catalog.load(MANIFESTS)
+    stack = copy.deepcopy(catalog.stack("vime-g11").document)
+    stack["packages"]["vllm"] = "0.16.1"
+    messages = [m for _, m in lock_rule_problems(_lock("vime-g11"), stack)]
+    assert any(m.startswith("stale:") and "vllm[" not in m and "vllm==0.16.1" in m for m in messages)
+
+
+def test_drift_and_identity():
+    a = _lock("vime-g11")
+    b = copy.deepcopy(a)
+    b["packages"] = [p for p in b["packages"] if p["name"] != "zipp"]
+    b["packages"][0]["files"][0]["sha256"] = "f" * 64
+    drift = lock_differences(a, b)
+    assert drift["removed"] == [f"zipp {next(p['version'] for p in a['packages'] if p['name'] == 'zipp')}"]
+    assert drift["changed"] and not drift["added"]
+    assert lock_sha256(a) != lock_sha256(b)
+    c = copy.deepcopy(a)
+    c["resolver"]["version"] = "9.9.9"
+    assert lock_sha256(a) == lock_sha256(c), "the resolver's version is not part of what an image installs"
+
+
+def test_one_changed_hash_changes_the_image_tag(tmp_path):
+    def tag(manifests: Path) -> str:
+        proc = subprocess.run([sys.executable, "-m", "kit", "build", "cuda", "--arm", "G11", "--dry-run", "--json",
+                               "--workspace", str(tmp_path / "ws")], capture_output=True, text=True,
+                              env={**__import__("os").environ, "KIT_MANIFESTS": str(manifests)}, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["tag"]
+
+    copy_dir = tmp_path / "manifests"
+    copy_dir.mkdir()
+    for path in MANIFESTS.rglob("*"):
+        if path.is_file():
+            (copy_dir / path.relative_to(MANIFESTS)).parent.mkdir(parents=True, exist_ok=True)
+            (copy_dir / path.relative_to(MANIFESTS)).write_bytes(path.read_bytes())
+    before = tag(copy_dir)
+    lock = _lock("vime-g11")
+    lock["packages"][0]["files"][0]["sha256"] = "0" * 64
+    (copy_dir / "lock-vime-g11-cuda.json").write_text(json.dumps(lock))
+    assert tag(copy_dir) != before
+
+
+def test_a_platform_variant_with_its_own_python_is_a_data_change():
+    from kit.model.lock import target_of
+    from kit.model.stack import stack_rule_problems
+
+    stack = copy.deepcopy(Catalog.load(MANIFESTS).stack("vime-g11").document)
+    stack["platforms"]["cuda-debian"] = {"base_image": "rlk-kit/debian-base:bookworm", "unresolved": True,
+                                         "python": "3.11.2", "cuda_version": "12.8", "cuda_arch_list": ["9.0"]}
+    assert stack_rule_problems(stack) == []
+    assert target_of(stack, "cuda-debian") == {"python": "3.11.2", "python_platform": "x86_64-manylinux_2_28",
+                                               "accelerator": {"kind": "cuda", "version": "12.8"}}
+    del stack["platforms"]["cuda-debian"]["cuda_arch_list"]
+    assert any("cuda_arch_list" in m for _, m in stack_rule_problems(stack))
+
+
+def test_rocm_lock_names_the_unreachable_index_and_what_to_run():
+    from kit.build.resolve import Unreachable, resolve_lock
+
+    stack = Catalog.load(MANIFESTS).stack("vime-g11").document
+    with pytest.raises(Unreachable) as err:
+        resolve_lock(stack, "rocm", index="http://127.0.0.1:9/rocm6.3")
+    message = str(err.value)
+    assert "http://127.0.0.1:9/rocm6.3" in message and "not reachable" in message
+    assert "kit lock vime-g11 --platform rocm --index http://127.0.0.1:9/rocm6.3" in message
+
+
+def test_kit_lock_check_without_an_index_exits_2(tmp_path):
+    env = {**__import__("os").environ, "KIT_MANIFESTS": str(MANIFESTS)}
+    proc = subprocess.run([sys.executable, "-m", "kit", "lock", "vime-g11", "--check", "--index",
+                           "http://127.0.0.1:9/simple"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "UNREACHABLE" in proc.stdout and "not reachable" in proc.stdout
