@@ -27,8 +27,9 @@ def command(stacks, platforms, check, index, extra_index, find_links, as_json):
 
     Each lock holds every package with its exact version and the sha256 of its wheel files for the
     platform's Python and wheel platform, and is judged by the CUDA/ROCm consistency rules (kit
-    verify). Without STACK: every stack complete enough to resolve (abstract layers with Python,
-    platforms and packages included). Exit 0 ok, 1 drift or a rule failed, 2 bad input or no index.
+    verify); a lock that fails them is not written. Without STACK: every stack complete enough to
+    resolve (abstract layers with Python, platforms and packages included); with --check, every
+    committed lock. Exit 0 ok, 1 drift or a rule failed, 2 bad input or no index.
 
     \b
     Examples:
@@ -43,12 +44,17 @@ def command(stacks, platforms, check, index, extra_index, find_links, as_json):
     from kit.model.lock import lock_differences, lock_file_name, lock_rule_problems, lock_sha256, platform_kind
 
     catalog = Catalog.default()
-    names = list(stacks) or [n for n in sorted(catalog.stack_docs) if _complete(catalog, n)]
+    if check and not stacks:   # the committed locks, each against its stack
+        names = sorted({stack for stack, _ in catalog.lock_docs})
+        platforms = platforms or tuple(sorted({p for _, p in catalog.lock_docs}))
+    else:
+        names = list(stacks) or [n for n in sorted(catalog.stack_docs) if _complete(catalog, n)]
     links = list(find_links) or default_find_links()
     results, failed, unreachable = [], False, []
     for name in names:
         doc = catalog.stack(name).document
-        wanted = list(platforms) or [p for p in sorted(doc.get("platforms", {})) if platform_kind(p) != "rocm"]
+        wanted = [p for p in platforms if p in doc.get("platforms", {}) and (not check or stacks or catalog.lock(name, p))]
+        wanted = wanted if platforms else [p for p in sorted(doc.get("platforms", {})) if platform_kind(p) != "rocm"]
         for platform in wanted:
             entry = {"stack": name, "platform": platform, "file": str(catalog.directory / lock_file_name(name, platform))}
             committed = catalog.lock(name, platform)
@@ -75,7 +81,7 @@ def command(stacks, platforms, check, index, extra_index, find_links, as_json):
                 stale = lock_sha256(committed[0]) != entry["lock_sha256"]
                 entry["status"] = "drift" if stale or any(drift.values()) else "ok"
                 failed |= entry["status"] != "ok"
-            else:
+            elif not problems:   # a lock that fails the rules is never written (fail closed)
                 if committed and committed[0].get("note"):
                     lock["note"] = committed[0]["note"]   # a human's note survives a re-lock
                 replace_document(entry["file"], lock, expected="lock")

@@ -139,7 +139,7 @@ def accelerator_problems(doc: dict) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     if kind in ("cuda", "rocm") and "version" not in accel:
         out.append(("/target/accelerator/version", f"{kind}-version: the {kind} release is unknown; declare "
-                    f"platforms.<platform>.{kind}_version in the stack (fail closed: nothing can be checked)"))
+                    f"platforms.{doc['platform']}.{kind}_version in the stack (stack/v2; fail closed: nothing can be checked)"))
         return out
     want_major = int(accel["version"].split(".")[0]) if "version" in accel else None
     for i, pkg in enumerate(doc["packages"]):
