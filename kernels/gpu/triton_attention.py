@@ -43,11 +43,14 @@ import triton.language as tl
 
 from rlk_kernels.gpu.common import interpreting, mma
 
-BLOCK_N = 64                 # keys per block: fixed (the online-softmax and P.V granularity)
+BLOCK_N = 128                # keys per block: fixed (the online-softmax and P.V granularity); 128
+                             # as in FlashAttention's Hopper loop: twice the MMA work per softmax step
+                             # of the 64-key blocks before (a new canonical schedule: new bits)
 SPLIT = 1024                 # keys per split: fixed over global positions (the H200 sweep of 256 /
                              # 512 / 1024: 1024 is the fastest for prefill and batch-64 decode and
                              # keeps batch-1 decode within the goal)
-# (BLOCK_M, num_warps, num_stages) per launch; BLOCK_M / num_warps = 16 keeps 64-row warp groups
+# (BLOCK_M, num_warps, num_stages) per launch; BLOCK_M / num_warps = 16 keeps 64-row warp groups.
+# A pipeline too deep for shared memory falls back to fewer stages (same bits: scheduling only).
 PREFILL = (128, 8, 3)
 DECODE = (64, 4, 3)
 BLOCK_M = DECODE[0]          # the row tile that decides prefill (more than one tile) against decode
@@ -225,6 +228,27 @@ def _combine_kernel(pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr, Lq, HKV, n_splits,
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
+_STAGES = {}                 # (launch constants, asked stages) -> the stages that fit shared memory
+
+
+def _launch(grid, stages, *args, **consts):
+    """Launch the attention kernel with ``stages`` pipeline stages, or fewer where that many do not
+    fit the GPU's shared memory (the stage count schedules loads; it changes no bit)."""
+    from triton.runtime.errors import OutOfResources
+
+    key = (tuple(sorted(consts.items())), stages)
+    fit = _STAGES.get(key, stages)
+    while True:
+        try:
+            _attn_kernel[grid](*args, num_stages=fit, **consts)
+            _STAGES[key] = fit
+            return
+        except OutOfResources:
+            if fit <= 1:
+                raise
+            fit -= 1
+
+
 def _tma_ok(k, v) -> bool:
     """Tensor descriptors need Hopper or later, unit-stride rows and 16-byte aligned row strides."""
     import torch
@@ -276,19 +300,19 @@ def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None, 
         use_tma = _tma_ok(k, v) if tma is None else tma
         if use_tma and k.is_cuda:
             _set_scratch_allocator()
-        _attn_kernel[(batch * hkv, row_tiles, 1)](
-            q, k, v, pos, out, out, out, out, lq, lk, hkv, n_splits, row_tiles, *strides,
-            PER_SPLIT=False, HEAVY_FIRST=HEAVY_FIRST if heavy_first is None else heavy_first,
-            BLOCK_M=bm, num_warps=warps, num_stages=stages, TMA=use_tma, **consts)
+        _launch((batch * hkv, row_tiles, 1), stages,
+                 q, k, v, pos, out, out, out, out, lq, lk, hkv, n_splits, row_tiles, *strides,
+                 PER_SPLIT=False, HEAVY_FIRST=HEAVY_FIRST if heavy_first is None else heavy_first,
+                 BLOCK_M=bm, num_warps=warps, TMA=use_tma, **consts)
         return out
     row_tiles = -(-lq * rep // dec_m)
     rows = lq * rep
     pm = torch.empty(batch * hkv * n_splits * rows, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
     pacc = torch.empty(batch * hkv * n_splits * rows, dim, dtype=torch.float32, device=q.device)
-    _attn_kernel[(row_tiles, batch * hkv, n_splits)](
-        q, k, v, pos, out, pm, pl, pacc, lq, lk, hkv, n_splits, row_tiles, *strides,
-        PER_SPLIT=True, HEAVY_FIRST=False, BLOCK_M=dec_m, num_warps=dec_warps, num_stages=dec_stages, **consts)
+    _launch((row_tiles, batch * hkv, n_splits), dec_stages,
+            q, k, v, pos, out, pm, pl, pacc, lq, lk, hkv, n_splits, row_tiles, *strides,
+            PER_SPLIT=True, HEAVY_FIRST=False, BLOCK_M=dec_m, num_warps=dec_warps, **consts)
     combine_rows = combine_rows or min(COMBINE_ROWS, triton.next_power_of_2(rows))
     _combine_kernel[(-(-rows // combine_rows), batch * hkv)](
         pos, out, pm, pl, pacc, lq, hkv, n_splits, *out.stride(), REP=rep, ROWS=combine_rows, D=dim,
