@@ -11,7 +11,7 @@ One run writes one JSON document with:
    rotating order within each of ``--trials`` rounds: P (eager production: the history's column),
    P+ (the fair production baseline of ``fair_baseline.py``: fused RMSNorm, fused QK-norm+RoPE,
    fused SwiGLU, the fastest SDPA backend per shape), R (the strict kernels of ``rlk_kernels.gpu``)
-   and R64 (R on the previous 64-key attention blocks, attention and layer only). Ratios are
+   and R128 (R on 128-key attention blocks, a different canonical schedule; attention and layer only). Ratios are
    throughput ratios (= time of the denominator / time of R) per round, reported as the median with
    a 95 % bootstrap CI over rounds; GPU clocks are read before and after;
 3. a torch-profiler breakdown of one R and one P+ layer (prefill 8192, decode batch 64 / 7168 KV);
@@ -482,18 +482,19 @@ def _module_calls(L, x, pos, kc, vc, targets) -> dict:
     }
 
 
-IMPLS = ("P", "P+", "R", "R64")     # eager production, fair production, strict, strict on 64-key blocks
+IMPLS = ("P", "P+", "R", "R128")    # eager production, fair production, strict, strict on 128-key blocks
+ALT_BLOCK_N = 128
 
 
 def _impl_call(fns, impl):
-    """``R64``: the strict kernels with the previous canonical attention schedule (64-key blocks),
-    captured as such in its graph (timing only: a different schedule, different bits)."""
-    if impl != "R64":
+    """``R128``: the strict kernels with the alternative canonical attention schedule (128-key
+    blocks), captured as such in its graph (timing only: a different schedule, different bits)."""
+    if impl != "R128":
         return lambda: fns(impl)
     from rlk_kernels.gpu import triton_attention as ta
 
     def run():
-        saved, ta.BLOCK_N = ta.BLOCK_N, 64
+        saved, ta.BLOCK_N = ta.BLOCK_N, ALT_BLOCK_N
         try:
             return fns("R")
         finally:
@@ -527,7 +528,7 @@ def measure(fns, impls, reps, trials):
             times[impl].append(_time(runs[impl], reps))
     res = {f"{impl}_us": round(statistics.median(v), 2) for impl, v in times.items()}
     res["trials_us"] = {impl: [round(x, 2) for x in v] for impl, v in times.items()}
-    for num, den in (("R", "P+"), ("R", "P"), ("P+", "P"), ("R64", "P+")):
+    for num, den in (("R", "P+"), ("R", "P"), ("P+", "P"), ("R128", "P+")):
         if num in times and den in times:
             ratios = [d / n for n, d in zip(times[num], times[den])]     # throughput num / den
             med, lo, hi = bootstrap_ci(ratios)
@@ -602,7 +603,7 @@ def _print_row(r):
     ci = r["R/P+"]
     print(f"{r['phase']:<7} {shape:<12} {r['module']:<10} P {r['P_us']:>8.1f}  P+ {r['P+_us']:>8.1f}  "
           f"R {r['R_us']:>8.1f}  R/P+ {ci[0]:.3f} [{ci[1]:.3f}, {ci[2]:.3f}]  R/P {r['R/P'][0]:.3f}"
-          + (f"  R64/P+ {r['R64/P+'][0]:.3f}" if "R64/P+" in r else ""), flush=True)
+          + (f"  R128/P+ {r['R128/P+'][0]:.3f}" if "R128/P+" in r else ""), flush=True)
 
 
 def profile(L):
