@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -456,20 +457,89 @@ def run_smoke(config: SmokeConfig, emit=print, should_stop=lambda: False) -> int
         torch.set_num_threads(previous)
 
 
-def run_smoke_on_ray(config: SmokeConfig, emit=print, should_stop=lambda: False) -> int:
-    """Run with a rollout actor and a trainer actor on the current Ray cluster (started locally if none)."""
+def node_identity_problems(expected: dict, declared: dict | None, versions: dict[str, str | None]) -> list[str]:
+    """Fields where this node differs from what the job expects (pure): ``expected`` is the kit's
+    RLK_EXPECTED_NODE_IDENTITY, ``declared`` the node's RLK_NODE_IDENTITY, ``versions`` installed packages."""
+    out = []
+    for field, want in sorted(expected.get("node", {}).items()):
+        got = (declared or {}).get(field)
+        if got != want:
+            out.append(f"node_identity.{field} expected {want!r}, observed {got!r}")
+    for name, want in sorted(expected.get("packages", {}).items()):
+        if versions.get(name) != want:
+            out.append(f"packages.{name} expected {want!r}, observed {versions.get(name)!r}")
+    return out
+
+
+def check_node_identity() -> None:
+    """Inside an actor: refuse a node that differs from the probed ones (one that joined after the probe)."""
+    expected = os.environ.get("RLK_EXPECTED_NODE_IDENTITY")
+    if not expected:
+        return
+    import importlib.metadata as md
     import ray
+
+    expected = json.loads(expected)
+    declared = json.loads(os.environ.get("RLK_NODE_IDENTITY") or "null")
+    versions = {}
+    for name in expected.get("packages", {}):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            versions[name] = None
+    problems = node_identity_problems(expected, declared, versions)
+    if problems:
+        ctx = ray.get_runtime_context()
+        name = f", {declared['name']}" if declared and declared.get("name") else ""
+        raise RuntimeError(f"node {ctx.get_node_id()[:12]} ({ray.util.get_node_ip_address()}{name}): "
+                           + "; ".join(problems))
+
+
+def _checked(cls):
+    """``cls`` whose actor checks its node's identity first and can say where it runs."""
+    class Checked(cls):
+        def __init__(self, config):
+            check_node_identity()
+            super().__init__(config)
+
+        def node(self) -> str:
+            import ray
+            return ray.get_runtime_context().get_node_id()
+
+    Checked.__name__ = Checked.__qualname__ = cls.__name__
+    return Checked
+
+
+def run_smoke_on_ray(config: SmokeConfig, emit=print, should_stop=lambda: False) -> int:
+    """Run with a rollout actor and a trainer actor on the current Ray cluster (started locally if none).
+    On a cluster of two or more nodes they go to different nodes (a STRICT_SPREAD placement group), so
+    the weight sync and the batches cross nodes."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
     if not ray.is_initialized():
         ray.init(include_dashboard=False, ignore_reinit_error=True, log_to_driver=True)
-    rollout_cls = ray.remote(num_cpus=1)(RolloutWorker)
-    trainer_cls = ray.remote(num_cpus=1)(TrainerWorker)
-    rollout, trainer = rollout_cls.remote(config), trainer_cls.remote(config)
+    group = None
+    options = [{}, {}]
+    if sum(1 for n in ray.nodes() if n["Alive"] and n.get("Resources", {}).get("CPU", 0) >= 1) >= 2:
+        group = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+        ray.get(group.ready(), timeout=120)
+        options = [{"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)}
+                   for i in (0, 1)]
+    rollout_cls = ray.remote(num_cpus=1)(_checked(RolloutWorker))
+    trainer_cls = ray.remote(num_cpus=1)(_checked(TrainerWorker))
+    rollout, trainer = rollout_cls.options(**options[0]).remote(config), trainer_cls.options(**options[1]).remote(config)
     try:
+        emit(f"placement: rollout on node {ray.get(rollout.node.remote())}, "
+             f"trainer on node {ray.get(trainer.node.remote())}")
         return _drive(config, emit, should_stop, rollout, trainer,
                       lambda handle, method, *args: ray.get(getattr(handle, method).remote(*args)))
     finally:
         ray.kill(rollout)
         ray.kill(trainer)
+        if group is not None:
+            remove_placement_group(group)
 
 
 def main(argv=None) -> int:

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("kit.cli.doctor", "Preflight the host: engine, GPUs, shm, disk, Ray, image and inputs."),
     "prepare": ("kit.cli.prepare", "Prepare the prompt data and hash the model checkpoint, with provenance."),
     "run": ("kit.cli.run", "Run an arm locally, in its container or on a Ray cluster, and seal the evidence."),
+    "cluster": ("kit.cli.cluster", "Start a local Ray cluster of pinned containers; render Slurm and KubeRay jobs."),
     "suite": ("kit.cli.suite", "Run the module matrix M000..M111 and attribute mismatches per module."),
     "analyze": ("kit.cli.analyze", "Performance decomposition, statistics, convergence tables and figures."),
     "export": ("kit.cli.export", "Export runs to an MLflow tracking store (params, metrics, tags, evidence)."),

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from kit.build import layout as L
+from kit.model.accelerators import docker_py_options
 from kit.model.errors import BadInput, CheckFailed
 from kit.runtimes import JobSpec, RayJob, RayJobRuntime, free_port, host_info, gpu_info, wait_for_jobs_api
 
@@ -41,20 +42,15 @@ print(json.dumps({"version": ray.__version__, "nodes": nodes, "resources": ray.c
 
 
 def container_options(platform: str) -> dict:
-    """docker-py ``containers.run`` options per platform (pure; tested without an engine)."""
+    """docker-py ``containers.run`` options per platform, from the accelerator table (tested without an engine)."""
     import docker
 
-    if platform == "cuda":
-        return {"device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])],
-                "ipc_mode": "host",
-                "ulimits": [docker.types.Ulimit(name="memlock", soft=-1, hard=-1),
-                            docker.types.Ulimit(name="stack", soft=67108864, hard=67108864)],
-                "privileged": False}
-    if platform == "rocm":
-        return {"devices": ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"], "group_add": ["video", "render"],
-                "security_opt": ["seccomp=unconfined"], "ipc_mode": "host",
-                "ulimits": [docker.types.Ulimit(name="memlock", soft=-1, hard=-1)], "privileged": False}
-    return {"shm_size": "1g", "privileged": False}
+    opts = docker_py_options(platform)
+    if "device_requests" in opts:
+        opts["device_requests"] = [docker.types.DeviceRequest(**d) for d in opts["device_requests"]]
+    if "ulimits" in opts:
+        opts["ulimits"] = [docker.types.Ulimit(**u) for u in opts["ulimits"]]
+    return opts
 
 
 HOST_NETWORK = "host"

@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from kit.build import layout as L
+from kit.model import node_identity as NI
 from kit.model.errors import BadInput, CheckFailed
 from kit.runtimes import (NAMED_CLUSTER_TIMEOUT_S, JobSpec, RayJob, RayJobRuntime, gpu_info, host_info,
                           wait_for_jobs_api)
@@ -34,7 +35,8 @@ stack = json.loads(os.environ["KIT_PROBE_STACK"])
 def probe(stack):
     # with the conformance fingerprint: a node whose strict kernels give other bytes differs from the rest
     from kit.build.probe import observed_identity
-    return observed_identity(stack)
+    declared = os.environ.get("RLK_NODE_IDENTITY")   # set by whoever started the node (kit cluster up, Slurm, KubeRay)
+    return observed_identity(stack), json.loads(declared) if declared else None
 
 nodes = [n for n in ray.nodes() if n["Alive"]]
 refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(stack)
@@ -42,7 +44,8 @@ refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["Node
 identities = ray.get(refs, timeout=600)
 out = {"version": ray.__version__, "resources": ray.cluster_resources(),
        "nodes": [{"node_id": n["NodeID"], "address": n["NodeManagerAddress"], "hostname": n.get("NodeManagerHostname"),
-                  "resources": n.get("Resources", {}), "identity": ident} for n, ident in zip(nodes, identities)]}
+                  "resources": n.get("Resources", {}), "labels": n.get("Labels", {}), "identity": ident,
+                  "node_identity": declared} for n, (ident, declared) in zip(nodes, identities)]}
 print("RLK-NODE-PROBE " + json.dumps(out, sort_keys=True), flush=True)
 """
 # Fields that differ between healthy nodes of one cluster.
@@ -56,7 +59,7 @@ def node_problems(nodes: list[dict], stack_doc: dict) -> list[str]:
 
     out = []
     for node in nodes:
-        label = f"node {node['node_id'][:12]} ({node.get('address')})"
+        label = NI.node_name(node)
         for field, expected, observed in identity_differences(node["identity"], stack_doc):
             out.append(f"{label}: {field} expected {expected!r}, observed {observed!r}")
     if len(nodes) > 1:
@@ -67,9 +70,15 @@ def node_problems(nodes: list[dict], stack_doc: dict) -> list[str]:
             other = view(node)
             for path in sorted(set(ref) | set(other)):
                 if ref.get(path) != other.get(path):
-                    out.append(f"node {node['node_id'][:12]} ({node.get('address')}) differs from node "
-                               f"{nodes[0]['node_id'][:12]}: {path}")
-    return out
+                    out.append(f"{NI.node_name(node)} differs from {NI.node_name(nodes[0])}: {path}")
+    return out + NI.declared_problems(nodes, stack_sha256(stack_doc))
+
+
+def stack_sha256(stack_doc: dict) -> str:
+    from kit.model.documents import sha256_of_document
+    from kit.model.stack import stack_identity
+
+    return sha256_of_document(stack_identity(stack_doc))
 
 
 class RayRuntime(RayJobRuntime):
@@ -122,6 +131,7 @@ class RayRuntime(RayJobRuntime):
                  for n in self.cluster["nodes"]]
         cluster = {"version": self.cluster["version"], "address": self.address, "nodes": nodes,
                    "resources": self.cluster["resources"], "start_command": None,
+                   "actor_identity_check": self.actor_check(),
                    "note": "an existing cluster: the kit did not start it; every alive node was probed and matched the stack"}
         head = self.cluster["nodes"][0]["identity"] if self.cluster["nodes"] else None
         return {"runtime": {"kind": self.kind, "address": self.address, "nodes_probed": len(nodes)},
@@ -137,10 +147,27 @@ class RayRuntime(RayJobRuntime):
             shutil.copy(Path(host_run_dir) / "arm.json", Path(self._staging) / "arm.json")
         return argv
 
+    def actor_check(self) -> dict | None:
+        """What every actor of the job checks on its own node (nodes that declared an identity only):
+        a node that joined after the probe fails the job with the probe's message."""
+        nodes = (self.cluster or {}).get("nodes", [])
+        if not any(n.get("node_identity") for n in nodes):
+            return None
+        from kit.build.probe import observed_platform
+        from kit.model.stack import packages_for
+
+        platform = observed_platform(nodes[0]["identity"])
+        return {"env": NI.EXPECTED_ENV,
+                "expected": NI.expected_for_actors(nodes, packages_for(self.arm.stack.document, platform))}
+
     def submit(self, spec: JobSpec) -> None:
+        from dataclasses import replace
+
         if self._staging:
-            from dataclasses import replace
             spec = replace(spec, working_dir=self._staging)
+        check = self.actor_check()
+        if check:
+            spec = replace(spec, env_vars={**spec.env_vars, check["env"]: json.dumps(check["expected"], sort_keys=True)})
         self.job = RayJob(self.address)
         self.job.submit(spec)
 

@@ -1,0 +1,178 @@
+"""Pure parts of kit cluster: the accelerator table as each consumer reads it, node-identity rules,
+the Slurm script and the KubeRay documents against golden files, validated with Kubernetes' schemas.
+
+Golden files: tests/cluster/golden/. After an intended change: RLK_UPDATE_GOLDEN=1 pytest tests/cluster -k golden."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.cluster import kuberay, slurm
+from kit.model import node_identity as NI
+from kit.model.accelerators import ACCELERATORS, docker_py_options, docker_run_flags, k8s_container_fields
+from kit.model.catalog import Catalog
+from kit.model.errors import BadInput, CheckFailed
+
+GOLDEN = Path(__file__).parent / "golden"
+DIGEST = "registry.example/rlk-kit/vime-g11@sha256:" + "ab" * 32
+
+
+def golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("RLK_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.read_text() == text, f"{path} differs from the rendered text (RLK_UPDATE_GOLDEN=1 rewrites it)"
+
+
+# --- one accelerator table for docker, Slurm and KubeRay ---------------------------------------------------
+
+def test_accelerator_table_drives_docker_runtime_slurm_and_kuberay():
+    from kit.runtimes.docker import container_options
+
+    rocm = container_options("rocm")
+    assert rocm["devices"] == ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"] and rocm["group_add"] == ["video", "render"]
+    assert "device_requests" not in rocm and container_options("cuda")["device_requests"][0]["Capabilities"] == [["gpu"]]
+    assert container_options("cpu") == {"privileged": False, "shm_size": "1g"}
+    flags = docker_run_flags("rocm")
+    assert {"--device=/dev/kfd", "--device=/dev/dri", "--group-add=video", "--group-add=render"} <= set(flags)
+    assert "--gpus=all" in docker_run_flags("cuda") and not any("gpus" in f for f in flags)
+    assert k8s_container_fields("rocm", 8)["resources"]["limits"] == {"amd.com/gpu": "8"}
+    assert k8s_container_fields("cuda", 2)["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert k8s_container_fields("cpu", 8) == {}
+    assert ACCELERATORS["rocm"].visible_devices_env == "HIP_VISIBLE_DEVICES"
+    assert ACCELERATORS["cuda"].visible_devices_env == "CUDA_VISIBLE_DEVICES"
+    # the docker-py keywords and the CLI flags say the same thing
+    for kind in ACCELERATORS:
+        opts = docker_py_options(kind)
+        assert ("--ipc=host" in docker_run_flags(kind)) == (opts.get("ipc_mode") == "host")
+    with pytest.raises(ValueError, match="accepted cuda, rocm, cpu"):
+        docker_run_flags("tpu")
+
+
+# --- node identity rules --------------------------------------------------------------------------------------
+
+def _node(i, image_id="sha256:" + "1" * 64, stack="s" * 64, declared=True):
+    ident = {"name": f"n{i}", "image_id": image_id, "stack_sha256": stack, "inputs_sha256": "i" * 64}
+    return {"node_id": f"{i:02d}" * 20, "address": f"10.0.0.{i}", "node_identity": ident if declared else None}
+
+
+def test_declared_identity_differences_name_node_field_and_values():
+    assert NI.declared_problems([_node(1), _node(2)], "s" * 64) == []
+    problems = NI.declared_problems([_node(1), _node(2), _node(3, image_id="sha256:" + "2" * 64)], "s" * 64)
+    assert len(problems) == 1 and "n3" in problems[0] and "node_identity.image_id" in problems[0]
+    assert "1" * 64 in problems[0] and "2" * 64 in problems[0]
+    assert "observed none" in NI.declared_problems([_node(1), _node(2, declared=False)], "s" * 64)[0]
+    assert "stack_sha256" in NI.declared_problems([_node(1, stack="t" * 64)], "s" * 64)[0]
+    labels = NI.ray_labels({"name": "rlk-cluster-x-worker-1", "image_id": "sha256:" + "f" * 64, "stack_sha256": "e" * 64})
+    assert all(len(v) <= 63 for v in labels.values()) and labels["rlk-kit/image"] == "f" * 32
+
+
+def test_actor_check_inside_the_job_uses_the_probe_message_shape():
+    from rlk_kernels.smoke import node_identity_problems
+
+    expected = NI.expected_for_actors([_node(1), _node(2)], {"torch": "2.13.0+cpu"})
+    assert node_identity_problems(expected, _node(1)["node_identity"], {"torch": "2.13.0+cpu"}) == []
+    late = _node(4, image_id="sha256:" + "9" * 64)["node_identity"]
+    problems = node_identity_problems(expected, late, {"torch": "2.12.0"})
+    assert problems == [f"node_identity.image_id expected 'sha256:{'1' * 64}', observed 'sha256:{'9' * 64}'",
+                        "packages.torch expected '2.13.0+cpu', observed '2.12.0'"]
+
+
+# --- Slurm -------------------------------------------------------------------------------------------------------
+
+def _render(arm_name, container_runtime, image, platform=None, **kw):
+    arm = Catalog.default().arm(arm_name)
+    args = dict(arm=arm.name, stack_name=arm.stack.name, stack_sha256=arm.stack.sha256, nodes=4, image=image,
+                container_runtime=container_runtime, platform=platform or arm.platform, gpus_per_node=8,
+                partition="gpu", time_limit="04:00:00", head_ports=None, head_ip=None, run_id=None, rollouts=None,
+                kit_command="/opt/kit/bin/python -m kit", workspace="/shared/ws", script_path="/shared/ws/slurm/job.sbatch")
+    args.update(kw)
+    return slurm.render_script(**args)
+
+
+def test_slurm_script_golden_docker_smoke():
+    text = _render("smoke", "docker", "sha256:" + "cd" * 32, nodes=2, gpus_per_node=0, partition=None,
+                   head_ports=slurm.ports(46000), head_ip="127.0.0.1", run_id="smoke-slurm", rollouts=2)
+    golden("smoke-docker.sbatch", text)
+    assert "--port=46000" in text and "--dashboard-port=46001" in text and "--shm-size=1g" in text
+
+
+def test_slurm_script_golden_g11_pyxis_cuda_and_apptainer_rocm():
+    cuda = _render("G11", "pyxis", DIGEST)
+    golden("G11-pyxis-cuda.sbatch", cuda)
+    assert f"IMAGE={DIGEST}" in cuda and "--container-image" in cuda and "#SBATCH --gpus-per-node=8" in cuda
+    rocm = _render("G11", "apptainer", DIGEST, platform="rocm")
+    golden("G11-apptainer-rocm.sbatch", rocm)
+    assert "apptainer exec --rocm" in rocm and 'HIP_VISIBLE_DEVICES="${HIP_VISIBLE_DEVICES:-}"' in rocm
+    docker_rocm = _render("G11", "docker", "sha256:" + "cd" * 32, platform="rocm")
+    assert "--device=/dev/kfd --device=/dev/dri --group-add=video --group-add=render" in docker_rocm
+    assert "-e HIP_VISIBLE_DEVICES" in docker_rocm
+
+
+def test_slurm_script_is_valid_bash():
+    for text in (_render("smoke", "docker", "sha256:" + "cd" * 32), _render("G11", "pyxis", DIGEST)):
+        proc = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_slurm_refuses_a_registry_image_without_digest(tmp_path):
+    arm = Catalog.default().arm("G11")
+    with pytest.raises(BadInput, match="REPOSITORY@sha256"):
+        slurm.resolve_image(arm, "registry.example/rlk:latest", "pyxis")
+    with pytest.raises(BadInput, match="--port-base"):
+        slurm.ports(80)
+
+
+# --- KubeRay -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_kuberay_golden_and_validated(platform):
+    arm = Catalog.default().arm("G11")
+    doc = kuberay.validate(kuberay.render(arm, image=DIGEST, platform=platform, workers=1))
+    golden(f"kuberay-G11-{platform}.json", kuberay.dumps(doc))
+    for spec in (doc["raycluster"]["spec"], doc["rayjob"]["spec"]["rayClusterSpec"]):
+        for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+            container = group["template"]["spec"]["containers"][0]
+            assert container["image"] == DIGEST
+            env = {e["name"]: e["value"] for e in container["env"]}
+            assert json.loads(env[NI.ENV])["stack_sha256"] == arm.stack.sha256
+            resource = "nvidia.com/gpu" if platform == "cuda" else "amd.com/gpu"
+            assert container["resources"]["limits"] == {resource: "8"}
+            assert group["template"]["metadata"]["annotations"]["rlk-kit.dev/stack-sha256"] == arm.stack.sha256
+            assert "rlk-kit/stack=" in group["rayStartParams"]["labels"]
+    assert doc["rayjob"]["spec"]["entrypoint"].startswith("/opt/rlk/venv/bin/python -m kit run --arm G11 --runtime ray")
+
+
+def test_kuberay_validation_catches_pod_and_envelope_errors():
+    doc = kuberay.render(Catalog.default().arm("G11"), image=DIGEST, platform="cuda")
+    broken = copy.deepcopy(doc)
+    broken["rayjob"]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(CheckFailed, match="rayjob/spec/workerGroupSpecs/0/template/spec/containers/0.*volumeMount"):
+        kuberay.validate(broken)
+    envelope = copy.deepcopy(doc)
+    envelope["raycluster"]["apiVersion"] = "ray.io/v1alpha1"
+    with pytest.raises(BadInput):
+        kuberay.validate(envelope)
+    with pytest.raises(BadInput, match="REPOSITORY@sha256"):
+        kuberay.render(Catalog.default().arm("G11"), image="registry.example/rlk:latest", platform="cuda")
+
+
+def test_kuberay_cli_writes_files_and_refuses_bad_input(tmp_path):
+    def kit(*args):
+        return subprocess.run([sys.executable, "-m", "kit", "cluster", "kuberay", *args], capture_output=True, text=True)
+
+    ok = kit("--arm", "G11", "--platform", "rocm", "--image", DIGEST, "--out", str(tmp_path / "k8s"), "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["schema"] == "rlk-kit/kuberay/v1"
+    assert json.loads((tmp_path / "k8s" / "rayjob.json").read_text())["kind"] == "RayJob"
+    bad = kit("--arm", "G11", "--image", "registry.example/rlk:latest")
+    assert bad.returncode == 2 and "--image" in bad.stderr and "Traceback" not in bad.stderr
+    again = kit("--arm", "G11", "--image", DIGEST, "--out", str(tmp_path / "k8s"))
+    assert again.returncode == 2 and "raycluster.json" in again.stderr
