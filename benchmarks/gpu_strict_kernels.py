@@ -11,7 +11,7 @@ One run writes one JSON document with:
    rotating order within each of ``--trials`` rounds: P (eager production: the history's column),
    P+ (the fair production baseline of ``fair_baseline.py``: fused RMSNorm, fused QK-norm+RoPE,
    fused SwiGLU, the fastest SDPA backend per shape), R (the strict kernels of ``rlk_kernels.gpu``)
-   and R128 (R on 128-key attention blocks, a different canonical schedule; attention and layer only). Ratios are
+   and R0 (R with the layer glue as eager ops, round 3's composition; attention and layer only). Ratios are
    throughput ratios (= time of the denominator / time of R) per round, reported as the median with
    a 95 % bootstrap CI over rounds; GPU clocks are read before and after;
 3. a torch-profiler breakdown of one R and one P+ layer (prefill 8192, decode batch 64 / 7168 KV);
@@ -103,7 +103,9 @@ def _p_norm(x, w, eps):
 
 def attention(impl, L, x, pos, kcache, vcache, normed=None):
     """x [B, T, H] at positions pos [B, T]; writes K/V at pos into the caches [B, Hkv, cap, D];
-    attends keys 0..pos. Returns [B, T, H] (bf16). ``impl``: "R" strict, "P" eager production,
+    attends keys 0..pos. Returns [B, T, H] (bf16). ``impl``: "R" strict (q/k norm, RoPE, scale and
+    head split in one strict kernel), "R0" strict with that glue as eager ops (round 3; the same
+    bits), "P" eager production,
     "P+" the fair production baseline (``normed``: P+ only, the input already normed by a fused
     residual-add norm)."""
     import torch
@@ -115,9 +117,17 @@ def attention(impl, L, x, pos, kcache, vcache, normed=None):
     rows = x.reshape(b * t, h)
     if impl == "P+":
         return _attention_plus(L, x, pos, kcache, vcache, normed=normed)
-    if impl == "R":
+    if impl in ("R", "R0"):
         n = triton_pointwise.rms_norm(rows, L.w["input_norm"], cfg.norm_eps)
         out = triton_gemm.shard_matmul(n, L.r_qkv)                             # [S, M, nq+2nk]
+    if impl == "R":
+        q = triton_pointwise.rms_norm_rope(out[..., :L.nq], L.w["q_norm"], cfg.norm_eps, L.cos, L.sin, pos,
+                                           heads=cfg.heads, scale=d ** -0.5)
+        k = triton_pointwise.rms_norm_rope(out[..., L.nq:L.nq + L.nk], L.w["k_norm"], cfg.norm_eps, L.cos, L.sin,
+                                           pos, heads=cfg.query_groups)
+        v = out[..., L.nq + L.nk:].reshape(c, b * t, -1, d).permute(1, 0, 2, 3).reshape(b, t, cfg.query_groups, d)
+        v = v.transpose(1, 2)
+    elif impl == "R0":
         q = out[..., :L.nq].reshape(c, b * t, -1, d).permute(1, 0, 2, 3).reshape(b, t, cfg.heads, d)
         k = out[..., L.nq:L.nq + L.nk].reshape(c, b * t, -1, d).permute(1, 0, 2, 3).reshape(b, t, cfg.query_groups, d)
         v = out[..., L.nq + L.nk:].reshape(c, b * t, -1, d).permute(1, 0, 2, 3).reshape(b, t, cfg.query_groups, d)
@@ -130,9 +140,12 @@ def attention(impl, L, x, pos, kcache, vcache, normed=None):
         v = qkv[:, (cfg.heads + cfg.query_groups) * d:].view(b, t, cfg.query_groups, d)
         q = _p_norm(q, L.w["q_norm"], cfg.norm_eps)
         k = _p_norm(k, L.w["k_norm"], cfg.norm_eps)
-    q = _rope(q.transpose(1, 2), pos, L)
-    k = _rope(k.transpose(1, 2), pos, L)
-    v = v.transpose(1, 2)
+    if impl != "R":
+        q = _rope(q.transpose(1, 2), pos, L)
+        k = _rope(k.transpose(1, 2), pos, L)
+        v = v.transpose(1, 2)
+    if impl == "R0":
+        q = q * (d ** -0.5)
     if t == kcache.shape[2]:                                   # prefill from position 0: the cache is this
         kc, vc = k, v
     else:
@@ -140,8 +153,8 @@ def attention(impl, L, x, pos, kcache, vcache, normed=None):
         kcache[:, :, start:] = k
         vcache[:, :, start:] = v
         kc, vc = kcache, vcache
-    if impl == "R":
-        core = triton_attention.attention(q * (d ** -0.5), kc, vc, pos)
+    if impl in ("R", "R0"):
+        core = triton_attention.attention(q, kc, vc, pos)
         attn = core.transpose(1, 2).reshape(b * t, c, L.nq).transpose(0, 1)    # [S, M, K/S] view
         o = triton_gemm.shard_matmul_tree(attn, L.r_o).to(torch.bfloat16)
     else:
@@ -179,7 +192,7 @@ def ffn(impl, L, x, normed=None):
         import fair_baseline as fb
         n = normed if normed is not None else fb.rms_norm(rows, L.w["post_norm"], cfg.norm_eps)
         return F.linear(fb.silu_and_mul(F.linear(n, L.p_gu)), L.w["w_down"]).view(shape)
-    if impl == "R":
+    if impl in ("R", "R0"):
         n = triton_pointwise.rms_norm(rows, L.w["post_norm"], cfg.norm_eps)
         act = triton_gemm.shard_swiglu(n, L.r_gu, L.per)
         out = triton_gemm.shard_matmul_tree(act, L.r_down).to(torch.bfloat16)
@@ -199,7 +212,7 @@ def logp(impl, L, x, targets):
     if impl == "P+":
         import fair_baseline as fb
         return fb.logp_from_logits(F.linear(fb.rms_norm(rows, L.final_norm, cfg.norm_eps), L.lm), targets, cfg.vocab)
-    if impl == "R":
+    if impl in ("R", "R0"):
         n = triton_pointwise.rms_norm(rows, L.final_norm, cfg.norm_eps)
         return triton_logp.logp(n, L.r_lm, targets, vocab=cfg.vocab)
     logits = F.linear(_p_norm(rows, L.final_norm, cfg.norm_eps), L.lm)[:, :cfg.vocab].float()
@@ -326,6 +339,13 @@ def invariance_at_scale(L):
         step = layer("R", L, xs[:, p:p + 1].expand(8, 1, -1).contiguous(), torch.full((8, 1), p, device="cuda"), kc2, vc2)
         layer_ok &= all(_same(step[i, 0], pre_out[0, p]) for i in range(8))
     results["decoder_layer_prefill_7168_vs_decode_batch_8"] = layer_ok
+    # the fused strict glue (q/k norm + RoPE + scale + head split) against the eager ops: same bytes
+    kc3 = torch.zeros(8, cfg.query_groups, 2049, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    step_x = xs[:, 2048:2049].expand(8, 1, -1).contiguous()
+    step_pos = torch.full((8, 1), 2048, device="cuda")
+    results["fused_glue_equals_eager_glue"] = (
+        _same(layer("R", L, xs, pos_all, kc, vc), layer("R0", L, xs, pos_all, kc, vc))
+        and _same(layer("R", L, step_x, step_pos, kc3, kc3.clone()), layer("R0", L, step_x, step_pos, kc3, kc3.clone())))
     return results
 
 
@@ -482,24 +502,7 @@ def _module_calls(L, x, pos, kc, vc, targets) -> dict:
     }
 
 
-IMPLS = ("P", "P+", "R", "R128")    # eager production, fair production, strict, strict on 128-key blocks
-ALT_BLOCK_N = 128
-
-
-def _impl_call(fns, impl):
-    """``R128``: the strict kernels with the alternative canonical attention schedule (128-key
-    blocks), captured as such in its graph (timing only: a different schedule, different bits)."""
-    if impl != "R128":
-        return lambda: fns(impl)
-    from rlk_kernels.gpu import triton_attention as ta
-
-    def run():
-        saved, ta.BLOCK_N = ta.BLOCK_N, ALT_BLOCK_N
-        try:
-            return fns("R")
-        finally:
-            ta.BLOCK_N = saved
-    return run
+IMPLS = ("P", "P+", "R", "R0")   # eager production, fair production, strict, strict with eager glue
 
 
 def bootstrap_ci(values, n=2000, seed=0):
@@ -515,7 +518,7 @@ def measure(fns, impls, reps, trials):
     rotated per round); per-round times give paired ratios, summarised by a bootstrap CI."""
     runs = {}
     for impl in impls:
-        call = _impl_call(fns, impl)
+        call = (lambda i: lambda: fns(i))(impl)
         try:
             runs[impl] = _graph(call)
         except Exception as exc:                                 # eager fallback, recorded
@@ -528,7 +531,7 @@ def measure(fns, impls, reps, trials):
             times[impl].append(_time(runs[impl], reps))
     res = {f"{impl}_us": round(statistics.median(v), 2) for impl, v in times.items()}
     res["trials_us"] = {impl: [round(x, 2) for x in v] for impl, v in times.items()}
-    for num, den in (("R", "P+"), ("R", "P"), ("P+", "P"), ("R128", "P+")):
+    for num, den in (("R", "P+"), ("R", "P"), ("P+", "P"), ("R0", "P+"), ("R", "R0")):
         if num in times and den in times:
             ratios = [d / n for n, d in zip(times[num], times[den])]     # throughput num / den
             med, lo, hi = bootstrap_ci(ratios)
@@ -603,7 +606,7 @@ def _print_row(r):
     ci = r["R/P+"]
     print(f"{r['phase']:<7} {shape:<12} {r['module']:<10} P {r['P_us']:>8.1f}  P+ {r['P+_us']:>8.1f}  "
           f"R {r['R_us']:>8.1f}  R/P+ {ci[0]:.3f} [{ci[1]:.3f}, {ci[2]:.3f}]  R/P {r['R/P'][0]:.3f}"
-          + (f"  R128/P+ {r['R128/P+'][0]:.3f}" if "R128/P+" in r else ""), flush=True)
+          + (f"  R0/P+ {r['R0/P+'][0]:.3f}" if "R0/P+" in r else ""), flush=True)
 
 
 def profile(L):

@@ -177,6 +177,29 @@ def test_rms_norm_and_swiglu_match_cpu():
     torch.testing.assert_close(triton_pointwise.swiglu(gu, 20), pr.silu(gu[..., :20]) * gu[..., 20:], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("b,t,heads,scale", [(1, 5, 8, 128 ** -0.5), (3, 1, 4, None)])
+def test_rms_norm_rope_equals_the_eager_glue_up_to_rounding(b, t, heads, scale):
+    # the fused kernel reads heads from the per-shard product and rounds where the eager bf16 ops
+    # round; the interpreter converts fp32 to bf16 by truncation, so here the two agree to a bf16
+    # step (the GPU compares bytes: benchmarks/gpu_strict_kernels.py, fused_glue_equals_eager_glue)
+    gen = torch.Generator().manual_seed(5)
+    shards, d = 4, 128
+    x = torch.randn(shards, b * t, heads // shards * d, generator=gen).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(d, generator=gen)).to(torch.bfloat16)
+    angles = torch.arange(12, dtype=torch.float64)[:, None] * (1e4 ** (-torch.arange(d // 2) * 2 / d))[None]
+    cos, sin = torch.cos(angles).to(torch.bfloat16), torch.sin(angles).to(torch.bfloat16)
+    pos = torch.arange(12 - t, 12).view(1, -1).expand(b, -1)
+    out = triton_pointwise.rms_norm_rope(x, w, 1e-6, cos, sin, pos, heads=heads, scale=scale)
+    rows = x.permute(1, 0, 2).reshape(b, t, heads, d).float()
+    normed = (rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(torch.bfloat16)
+    n = normed.transpose(1, 2).float()
+    c, s = cos[pos].float().unsqueeze(1), sin[pos].float().unsqueeze(1)
+    ref = torch.cat([n[..., :d // 2] * c - n[..., d // 2:] * s, n[..., d // 2:] * c + n[..., :d // 2] * s], -1)
+    ref = ref * (scale or 1.0)
+    assert out.shape == (b, heads, t, d) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=4 * 2 ** -8 * (scale or 1.0) * 4, rtol=4 * 2 ** -8)
+
+
 def test_operator_modules_through_the_triton_path_match_cpu():
     """The ops hooks (what `kit kernels check --device cuda` runs), driven through the interpreter."""
     script = textwrap.dedent("""

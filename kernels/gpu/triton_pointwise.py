@@ -31,6 +31,40 @@ def _rms_kernel(x_ptr, w_ptr, o_ptr, N, eps, BLOCK: tl.constexpr):
     tl.store(o_ptr + row * N + cols, (x * inv * w).to(o_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _rms_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, N, eps, scale, T, HPS, HEADS,
+                     sxs, sxm, sob, soh, sot, BLOCK: tl.constexpr, HALF: tl.constexpr, SCALE: tl.constexpr):
+    """One (token, head) row: ``_rms_kernel``'s arithmetic, then RoPE and the scale rounded to bf16
+    after every operation exactly as the eager bf16 ops round (``x1*c - x2*s``, ``x2*c + x1*s``,
+    ``* scale``). The row is read from the per-shard product [S, M, ...] and written in [B, H, T, D]."""
+    pid = tl.program_id(0).to(tl.int64)
+    tok = pid // HEADS
+    head = pid % HEADS
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    src = x_ptr + (head // HPS) * sxs + tok * sxm + (head % HPS) * N
+    x = tl.load(src + cols, mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / N + eps)
+    y = (x * inv * w).to(tl.bfloat16).to(tl.float32)
+    first = cols < HALF
+    partner = tl.where(first, cols + HALF, cols - HALF)
+    xp = tl.load(src + partner, mask=ok, other=0.0).to(tl.float32)
+    wp = tl.load(w_ptr + partner, mask=ok, other=0.0).to(tl.float32)
+    yp = (xp * inv * wp).to(tl.bfloat16).to(tl.float32)
+    p = tl.load(pos_ptr + tok)
+    at = tl.where(first, cols, cols - HALF)
+    c = tl.load(cos_ptr + p * HALF + at, mask=ok, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + p * HALF + at, mask=ok, other=0.0).to(tl.float32)
+    a = (y * c).to(tl.bfloat16).to(tl.float32)
+    b = (yp * s).to(tl.bfloat16).to(tl.float32)
+    out = tl.where(first, a - b, a + b).to(tl.bfloat16)
+    if SCALE:
+        out = (out.to(tl.float32) * scale).to(tl.bfloat16)
+    dst = o_ptr + (tok // T) * sob + head * soh + (tok % T) * sot
+    tl.store(dst + cols, out, mask=ok)
+
+
 @triton.jit(do_not_specialize=["n"])
 def _swiglu_kernel(gu_ptr, o_ptr, n, per, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -64,4 +98,24 @@ def swiglu(gate_up, per: int, out_dtype=None):
     if n:
         _swiglu_kernel[(-(-n // SWIGLU_BLOCK),)](gu, out, n, per, BLOCK=SWIGLU_BLOCK, num_warps=4,
                                                   enable_fp_fusion=False)
+    return out
+
+
+def rms_norm_rope(x_shards, weight, eps: float, cos, sin, pos, *, heads: int, scale: float | None = None):
+    """RMSNorm over each head of the per-shard product ``x_shards`` [S, B*T, heads/S * D] (the q or
+    k columns of the strict QKV GEMM), RoPE at positions ``pos`` [B, T] with the bf16 tables
+    ``cos``/``sin`` [positions, D/2], and the optional ``scale``; returns [B, heads, T, D] bf16. The
+    same bits as :func:`rms_norm`, the eager bf16 rotate-half RoPE and ``* scale`` one after another,
+    in one kernel instead of about a dozen (head split copies, norm, slices, products, cat, scale)."""
+    import torch
+    shards, rows, width = x_shards.shape
+    dim = width * shards // heads
+    b, t = pos.shape
+    out = torch.empty(b, heads, t, dim, dtype=torch.bfloat16, device=x_shards.device)
+    if rows:
+        _rms_rope_kernel[(rows * heads,)](
+            x_shards, weight.contiguous(), cos, sin, pos.to(torch.int32).contiguous(), out, dim, eps,
+            1.0 if scale is None else scale, t, heads // shards, heads, x_shards.stride(0), x_shards.stride(1),
+            *out.stride()[:3], BLOCK=triton.next_power_of_2(dim), HALF=dim // 2, SCALE=scale is not None,
+            num_warps=4, enable_fp_fusion=False)
     return out
