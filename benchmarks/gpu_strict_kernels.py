@@ -679,6 +679,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--skip-check", action="store_true", help="skip the cold conformance check")
+    ap.add_argument("--fingerprint-only", action="store_true",
+                    help="instead of the cold check, only the strict fingerprint (no variants), in this process")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--trials", type=int, default=7, help="timing rounds per case (bootstrap over them)")
     ap.add_argument("--sweep", action="store_true", help="also run the launch-configuration sweep")
@@ -724,7 +726,11 @@ def main(argv=None):
                                     "megatron_batch_invariant": 0.99}}
         del L
         torch.cuda.empty_cache()
-    if not args.skip_check:                  # a fresh process with an empty Triton cache: the cold check
+    if args.fingerprint_only:
+        from rlk_kernels.conformance import conformance_fingerprint
+        section("fingerprint", lambda: conformance_fingerprint(device="cuda", shape="qwen3-8b"))
+        print(f"fingerprint {doc['fingerprint']} in {doc['fingerprint_s']} s", flush=True)
+    elif not args.skip_check:                # a fresh process with an empty Triton cache: the cold check
         section("conformance", cold_check)
         c = doc["conformance"]
         print(f"conformance: passed {c.get('passed')} in {c.get('process_s')} s cold "
