@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("kit.cli.cluster", "Start a local Ray cluster of pinned containers; render Slurm and KubeRay jobs."),
     "suite": ("kit.cli.suite", "Run the module matrix M000..M111 and attribute mismatches per module."),
     "analyze": ("kit.cli.analyze", "Performance decomposition, statistics, convergence tables and figures."),
+    "reproduce": ("kit.cli.reproduce", "Re-run a sealed run from its manifest and compare its records bitwise."),
     "export": ("kit.cli.export", "Export runs to an MLflow tracking store (params, metrics, tags, evidence)."),
     "kernels": ("kit.cli.kernels", "Conformance oracle of the strict and production operators."),
 }

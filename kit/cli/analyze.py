@@ -294,3 +294,44 @@ def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase
     click.echo(f"wrote {len(paths)} files to {out_dir}")
 
 
+
+
+@command.command("replicates")
+@click.argument("runs", nargs=-1, required=True, metavar="RUN_OR_GROUP...")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Output directory; created if missing. Existing files are never overwritten.")
+@click.option("--draws", type=click.IntRange(min=100), default=2000, show_default=True, help="Bootstrap draws.")
+@click.option("--seed", type=click.IntRange(min=0), default=1234, show_default=True, help="Bootstrap seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print replicates.json to stdout.")
+def replicates(runs, out_dir, draws, seed, as_json):
+    """Noise floor of replicate runs (seeds) and whether arm differences exceed it.
+
+    \b
+    Inputs: run dirs, or group documents of kit run --seeds (<workspace>/groups/<group>.json).
+    Runs with one arm name are replicates of it; the first arm is the reference.
+    Per metric: each seed's mean, the noise floor (range of seed means), and per other arm the
+    difference with a two-level bootstrap CI (seeds, then steps) and a verdict in words.
+    \b
+    Example:
+      kit analyze replicates .workspace/groups/smoke-native-g*.json .workspace/groups/smoke-consistency-g*.json --out report/noise
+    """
+    from kit.analysis.output import publish, refuse_existing, write_json
+    from kit.analysis.replicates import SCHEMA, analyze_replicates
+    from kit.analysis.table import load_arms
+    from kit.run.replicates import group_runs
+
+    paths = []
+    for r in runs:
+        paths += group_runs(Path(r)) if str(r).endswith(".json") else [Path(r)]
+    refuse_existing(out_dir, ("replicates.json",))
+    doc = analyze_replicates(load_arms(paths), draws=draws, seed=seed)
+    publish(out_dir, lambda tmp: [write_json(tmp / "replicates.json", doc, SCHEMA)])
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    for arm in doc["arms"]:
+        click.echo(f"{arm['arm']}: {len(arm['runs'])} run(s), seeds {', '.join(str(r['seed']) for r in arm['runs'])}")
+    for d in doc["differences"]:
+        for m in d["metrics"].values():
+            click.echo(f"  {m['verdict']}")
+    click.echo(f"wrote replicates.json to {out_dir}")

@@ -54,6 +54,8 @@ def workspace_from(flag: Path | None) -> Path:
               help="Workspace root; runs go to <workspace>/runs/<run-id> (default $KIT_WORKSPACE, else ./.workspace).")
 @click.option("--run-id", help="Run id (default <arm>-n<rollouts>-s<seed>-<UTC time>); never reusable.")
 @click.option("--rollouts", type=int, help="Number of rollouts (steps); default from the arm.")
+@click.option("--seeds", metavar="S1,S2,...", help="Replicates: one sealed run per seed (workload and rollout seed), "
+              "ids <group>-s<seed>, grouped in <workspace>/groups/<group>.json.")
 @click.option("--wait/--detach", default=True, show_default=True,
               help="Follow the job to its end and seal (default), or submit and return (ray runtime only; "
                    "status detached until kit run --attach RUN_DIR).")
@@ -66,7 +68,7 @@ def workspace_from(flag: Path | None) -> Path:
               help="ed25519 private key (PEM or 32 raw bytes) that signs the seal.")
 @click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/run-status/v1 document (dry run: rlk-kit/run-dry-run/v1); no progress.")
 def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, runtime, image, ray_address, ray_head, model, checkpoint, prompt_data, network,
-            workspace, run_id, rollouts, wait, attach_dir, dry_run, allow_dirty, sign_key, as_json):
+            workspace, run_id, rollouts, seeds, wait, attach_dir, dry_run, allow_dirty, sign_key, as_json):
     """Run an arm and seal its evidence: plan → preflight → start → stream → collect → validate → seal.
 
     The run dir <workspace>/runs/<run-id>/ gets manifest.json, arm.json, run.log (the job's own
@@ -79,6 +81,7 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
     Examples:
       kit run --arm smoke                                     # in-process, sealed
       kit run --arm smoke --mode native --rollouts 5          # all operators P/P
+      kit run --arm smoke --seeds 1,2,3 --rollouts 5          # three sealed replicates, grouped
       kit run --arm smoke --ray-head                          # as a Ray job on a local head the kit starts and stops
       kit run --arm smoke --runtime docker                    # the CPU smoke image
       kit run --arm smoke --runtime ray --ray-address http://head:8265
@@ -97,7 +100,7 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
                  "--image": image, "--ray-address": ray_address, "--ray-head": ray_head, "--model": model,
                  "--checkpoint": checkpoint, "--prompt-data": prompt_data, "--network": network,
                  "--workspace": workspace, "--run-id": run_id, "--rollouts": rollouts, "--detach": not wait,
-                 "--dry-run": dry_run, "--allow-dirty": allow_dirty}
+                 "--dry-run": dry_run, "--allow-dirty": allow_dirty, "--seeds": seeds}
         extra = [flag for flag, value in given.items() if value not in (None, False)]
         if extra:
             raise BadInput(f"--attach RUN_DIR takes only --sign-key and --json; drop {', '.join(extra)} "
@@ -109,6 +112,14 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
                          overrides=TopologyOverrides(tp_size, cp_size, rollout_tp_size, rollout_cp_size),
                          runtime=runtime or ("local" if arm.engine == "smoke" else "docker"), image=image, ray_address=ray_address, network=network, run_id=run_id, ray_head=ray_head, model=model, checkpoint=checkpoint, prompt_data=prompt_data,
                          rollouts=rollouts, detach=not wait, dry_run=dry_run, allow_dirty=allow_dirty, sign_key=sign_key)
+    if seeds is not None:
+        from kit.run.replicates import parse_seeds, run_replicates
+
+        group = run_replicates(request, parse_seeds(seeds), execute, progress=None if as_json else sys.stderr, log=log)
+        emit_json(group) if as_json else click.echo("\n".join(
+            [f"replicate group {group['group']} ({group['arm']}):"]
+            + [f"  seed {r['seed']}: {r['status']}{', sealed' if r['sealed'] else ''}  {r['run_dir']}" for r in group["runs"]]))
+        raise SystemExit(max(r["exit_code"] for r in group["runs"]))
     outcome = execute(request, progress=None if as_json else sys.stderr, log=log)
     if outcome.document is not None:
         if as_json:

@@ -56,6 +56,7 @@ class RunRequest:
     model: Path | None = None         # VIME arms: Hugging Face checkpoint dir, mounted read-only
     checkpoint: Path | None = None    # VIME arms: Megatron torch_dist dir, mounted read-only
     prompt_data: Path | None = None   # VIME arms: prompt JSONL (default: kit prepare's output in the workspace)
+    reproduces: str | None = None     # kit reproduce: the original run (id, dir, seal root), recorded in kit.log
 
 
 @dataclass
@@ -520,6 +521,8 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
                                        request.runtime))
         logs.run_log.flush()
         logs.kit_event(f"run dir {run_dir}")
+        if request.reproduces:
+            logs.kit_event(f"reproduction of {request.reproduces}")
         logs.kit_event(f"submit {spec.submission_id}: {spec.entrypoint}")
         if hasattr(runtime, "set_arm_document"):
             runtime.set_arm_document(arm_doc)
