@@ -60,14 +60,15 @@ def test_noise_floor_says_the_mismatch_difference_exceeds_it(replicate_groups, t
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "noise" / "replicates.json").read_text())
     assert schema_problems(doc, "analysis-replicates") == []
-    native = next(a for a in doc["arms"] if a["arm"] == "smoke-native")
+    native_arm, consistency_arm = groups["native"]["arm"], groups["consistency"]["arm"]   # smoke-native, smoke
+    native = next(a for a in doc["arms"] if a["arm"] == native_arm)
     assert native["metrics"]["mismatch_count"]["noise_floor"]["seeds"] == 2
     diff = doc["differences"][0]
-    assert (diff["reference"], diff["other"]) == ("smoke-native", "smoke-consistency")
+    assert (diff["reference"], diff["other"]) == (native_arm, consistency_arm)
     m = diff["metrics"]["mismatch_count"]
     assert m["exceeds_noise_floor"] is True and "exceeds the noise floor" in m["verdict"]
     assert m["difference"] < 0 and m["ci95_high"] < 0
-    assert "mismatch_count: smoke-consistency - smoke-native" in proc.stdout
+    assert f"mismatch_count: {consistency_arm} - {native_arm}" in proc.stdout
 
 
 def test_reproduce_a_consistency_run_bitwise(replicate_groups):
