@@ -322,7 +322,13 @@ def replicates(runs, out_dir, draws, seed, as_json):
 
     paths = []
     for r in runs:
-        paths += group_runs(Path(r)) if str(r).endswith(".json") else [Path(r)]
+        if str(r).endswith(".json"):
+            sealed, skipped = group_runs(Path(r))
+            paths += sealed
+            for note in skipped:
+                click.echo(f"kit: warning: {note}", err=True)
+        else:
+            paths.append(Path(r))
     refuse_existing(out_dir, ("replicates.json",))
     doc = analyze_replicates(load_arms(paths), draws=draws, seed=seed)
     publish(out_dir, lambda tmp: [write_json(tmp / "replicates.json", doc, SCHEMA)])

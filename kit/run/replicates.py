@@ -78,9 +78,12 @@ def run_replicates(request, seeds: list[int], execute, *, group: str | None = No
     return doc
 
 
-def group_runs(path: Path) -> list[Path]:
-    """The run dirs a group document lists, in seed order."""
+def group_runs(path: Path) -> tuple[list[Path], list[str]]:
+    """The sealed run dirs a group document lists, in seed order, and a note per run left out."""
     from kit.model.documents import read_json_file
 
     doc = read_json_file(path)
-    return [Path(r["run_dir"]) for r in doc.get("runs", []) if r.get("run_dir")]
+    runs = [r for r in doc.get("runs", []) if r.get("run_dir")]
+    skipped = [f"{path}: seed {r['seed']} ({r['run_id']}) left out: {r['status']}, not sealed"
+               for r in doc.get("runs", []) if not r.get("sealed")]
+    return [Path(r["run_dir"]) for r in runs if r.get("sealed")], skipped
