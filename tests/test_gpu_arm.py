@@ -109,6 +109,18 @@ def test_a_smoke_run_has_host_monitors(tmp_path):
         assert s["status"] != "missing" or s["note"]
 
 
+def test_a_run_on_ray_samples_the_object_store(tmp_path):
+    proc = run_kit("run", "--arm", "smoke", "--rollouts", "2", "--run-id", "r1", "--allow-dirty", "--ray-head",
+                   "--workspace", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = tmp_path / "runs" / "r1"
+    ray = {s["name"]: s for s in read_json_file(run_dir / "monitors" / "monitors.json")["samplers"]}["ray-object-store"]
+    assert ray["status"] == "recorded" and ray["samples"] >= 1, ray
+    with open(run_dir / ray["file"], newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert rows and all(float(r["object_store_total_bytes"]) > 0 for r in rows)
+
+
 def test_missing_monitor_tools_are_recorded_not_fatal(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     samplers = plan_samplers(0.2)

@@ -513,7 +513,7 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
                     run_log=open(run_dir / E.RUN_LOG, "x", encoding="utf-8"))
 
     status, job_status, message = "failed", None, ""
-    monitors = Monitors(run_dir)
+    monitors = Monitors(run_dir, ray_address=getattr(runtime, "address", None))   # the dashboard, when on Ray
     monitors.start()
     workload_started = time.monotonic()
     try:

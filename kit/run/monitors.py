@@ -2,12 +2,13 @@
 
 Each sampler writes one file in the run dir: the GPU (``nvidia-smi dmon``, or ``rocm-smi`` polled),
 the host's CPU, memory and disk I/O (``vmstat`` and ``iostat`` where present, and ``psutil``
-sampled in a thread, as CSV). ``monitors/monitors.json`` (``rlk-kit/monitors/v1``) records the
+sampled in a thread, as CSV), and, on Ray, the cluster's object store (the dashboard's
+``/api/cluster_status`` polled, as CSV). ``monitors/monitors.json`` (``rlk-kit/monitors/v1``) records the
 interval, each sampler's command, file, status and sample count; a tool that is not there is
 recorded as ``missing`` and never fails the run. The files are written before the seal, so they are
 sealed with the rest. Example::
 
-    monitors = Monitors(run_dir, interval_s=1.0)
+    monitors = Monitors(run_dir, interval_s=1.0, ray_address=None)     # a dashboard URL on Ray
     monitors.start()
     ...                                    # the job runs
     monitors.stop()                        # monitors/monitors.json lists gpu, vmstat, iostat, psutil
@@ -16,10 +17,12 @@ sealed with the rest. Example::
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 import subprocess
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +34,7 @@ MONITORS_FILE = f"{MONITORS_DIR}/monitors.json"
 DEFAULT_INTERVAL_S = 1.0
 PSUTIL_COLUMNS = ("time_s", "cpu_percent", "memory_used_bytes", "memory_available_bytes", "disk_read_bytes",
                   "disk_write_bytes")
+RAY_COLUMNS = ("time_s", "object_store_used_bytes", "object_store_total_bytes", "cpu_used", "cpu_total")
 
 
 @dataclass
@@ -61,8 +65,9 @@ def _psutil():
     return psutil
 
 
-def plan_samplers(interval_s: float) -> list[Sampler]:
-    """The samplers this host can run (and those it cannot, marked missing), in a fixed order."""
+def plan_samplers(interval_s: float, ray_address: str | None = None) -> list[Sampler]:
+    """The samplers this host can run (and those it cannot, marked missing), in a fixed order; the Ray
+    object-store sampler only when the run is on Ray (``ray_address``: its dashboard URL)."""
     every = str(max(1, round(interval_s)))
     out = []
     if shutil.which("nvidia-smi"):
@@ -85,14 +90,29 @@ def plan_samplers(interval_s: float) -> list[Sampler]:
     if _psutil() is None:
         sampler.status, sampler.note = "missing", "the psutil module is not importable"
     out.append(sampler)
+    if ray_address:
+        out.append(Sampler("ray-object-store", "Ray object store and CPU in use (the dashboard's cluster status)",
+                           f"{MONITORS_DIR}/ray-object-store.csv", ["GET", f"{ray_address.rstrip('/')}{RAY_STATUS_PATH}"],
+                           "ray dashboard"))
     return out
 
 
+RAY_STATUS_PATH = "/api/cluster_status?format=0"
+
+
+def ray_usage(payload: dict) -> tuple:
+    """(object store used, total, CPU used, total) from the dashboard's cluster status document."""
+    usage = payload["data"]["clusterStatus"]["loadMetricsReport"]["usage"]
+    store, cpu = usage.get("objectStoreMemory", [None, None]), usage.get("CPU", [None, None])
+    return store[0], store[1], cpu[0], cpu[1]
+
+
 class Monitors:
-    def __init__(self, run_dir: Path, *, interval_s: float = DEFAULT_INTERVAL_S, samplers: list[Sampler] | None = None):
+    def __init__(self, run_dir: Path, *, interval_s: float = DEFAULT_INTERVAL_S, samplers: list[Sampler] | None = None,
+                 ray_address: str | None = None):
         self.run_dir = Path(run_dir)
         self.interval_s = interval_s
-        self.samplers = samplers if samplers is not None else plan_samplers(interval_s)
+        self.samplers = samplers if samplers is not None else plan_samplers(interval_s, ray_address)
         self._stop = threading.Event()
         self.started_at = self.stopped_at = None
         self._t0 = 0.0
@@ -105,8 +125,9 @@ class Monitors:
             if s.status == "missing":
                 continue
             try:
-                if s.name == "psutil":
-                    s._thread = threading.Thread(target=self._psutil_loop, args=(s,), daemon=True)
+                if s.name in ("psutil", "ray-object-store"):
+                    loop = self._psutil_loop if s.name == "psutil" else self._ray_loop
+                    s._thread = threading.Thread(target=loop, args=(s,), daemon=True)
                     s._thread.start()
                 elif s.tool == "rocm-smi":
                     s._thread = threading.Thread(target=self._poll_loop, args=(s,), daemon=True)
@@ -135,6 +156,8 @@ class Monitors:
                     s.status, s.note = "failed", f"exited {s._process.returncode} with no samples"
             if s._thread is not None:
                 s._thread.join(timeout=self.interval_s + 5)
+                if s.samples == 0 and s.status == "recorded":
+                    s.status = "failed"
         self.stopped_at = utc_now()
         doc = {"schema": schema_id("monitors"), "interval_s": self.interval_s, "started_at": self.started_at,
                "stopped_at": self.stopped_at, "samplers": [s.to_json() for s in self.samplers]}
@@ -176,5 +199,21 @@ class Monitors:
                     s.samples += 1
                 except (OSError, subprocess.SubprocessError) as exc:
                     s.note = f"poll failed: {exc}"[:200]
+                if self._stop.wait(self.interval_s):
+                    return
+
+    def _ray_loop(self, s: Sampler) -> None:
+        with open(self.run_dir / s.file, "x", encoding="utf-8", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(RAY_COLUMNS)
+            while True:
+                try:
+                    with urllib.request.urlopen(s.command[1], timeout=5) as resp:
+                        row = ray_usage(json.loads(resp.read()))
+                    writer.writerow([round(time.monotonic() - self._t0, 3), *row])
+                    handle.flush()
+                    s.samples += 1
+                except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+                    s.note = f"poll failed: {type(exc).__name__}: {exc}"[:200]   # an unauthorised dashboard, say
                 if self._stop.wait(self.interval_s):
                     return
