@@ -45,6 +45,9 @@ def verify_document_file(path: Path) -> FileVerdict:
         verdict.status, verdict.problems = "unreadable", [("", str(exc).split(": ", 1)[-1])]
         return verdict
     problems = schema_problems(doc)
+    if isinstance(doc, dict) and "extends" in doc and str(doc.get("schema")).startswith("rlk-kit/arm/"):
+        # a layered arm may hold partial objects: it is validated in its resolved form (_arm_rules)
+        problems = [(p, m) for p, m in problems if p in ("", "/schema", "/name", "/extends")]
     schema = doc.get("schema") if isinstance(doc, dict) else None
     verdict.kind = schema.split("/")[1] if isinstance(schema, str) and schema.count("/") == 2 else "unknown"
     if not problems:
@@ -108,6 +111,13 @@ def _stack_rules(path: Path, doc: dict) -> tuple[list, list]:
 
 def _arm_rules(path: Path, doc: dict) -> tuple[list, list]:
     catalog = _catalog_for(path)
+    try:
+        doc = catalog.resolve_arm(doc, str(path))
+    except KitError as exc:
+        return [("/extends", str(exc).split(": ", 1)[-1])], []
+    resolved_problems = schema_problems(doc, "arm")
+    if resolved_problems:
+        return [(p, f"(resolved through extends) {m}") for p, m in resolved_problems], []
     try:
         stack = catalog.stack(doc["stack"]["name"])
     except KitError as exc:

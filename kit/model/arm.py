@@ -160,3 +160,36 @@ def matrix_arm_documents(matrix: dict, base_docs: dict[str, dict]) -> list[dict]
     # keep pipeline order M000, M100, M010, M001, M110, M101, M011, M111 (reference §1.3)
     order = ["M000", "M100", "M010", "M001", "M110", "M101", "M011", "M111"]
     return sorted(out, key=lambda d: (d["name"][: -4], order.index(d["name"][-4:])))
+
+
+def merge_arm(parent: dict, child: dict) -> dict:
+    """The child's fields over the parent's: objects merge key by key, lists and values are replaced.
+
+    >>> merge_arm({"operators": {"attention": "P/P", "ffn": "P/P"}, "seed": 1}, {"operators": {"ffn": "R/R"}})
+    {'operators': {'attention': 'P/P', 'ffn': 'R/R'}, 'seed': 1}
+    """
+    out = copy.deepcopy(parent)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "comparison":
+            out[key] = merge_arm(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def resolve_arm_document(doc: dict, lookup, _seen: tuple = ()) -> dict:
+    """Follow ``extends`` through ``lookup(name) -> raw arm document``; ValueError names a loop or an unknown arm.
+
+    A declared comparison is the arm's own: it is never inherited (consistency extends native, but
+    native's comparison is with consistency).
+    """
+    if "extends" not in doc:
+        return doc
+    if doc["name"] in _seen:
+        raise ValueError(f"/extends: arm inheritance loop through {doc['name']!r}")
+    parent = lookup(doc["extends"])
+    if parent is None:
+        raise ValueError(f"/extends: extends unknown arm {doc['extends']!r}")
+    base = resolve_arm_document(parent, lookup, _seen + (doc["name"],))
+    base = {k: v for k, v in base.items() if k != "comparison"}
+    return merge_arm(base, {k: v for k, v in doc.items() if k != "extends"})

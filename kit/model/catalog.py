@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.model.arm import Arm, arm_rule_problems, matrix_arm_documents
+from kit.model.arm import Arm, arm_rule_problems, matrix_arm_documents, resolve_arm_document
 from kit.model.documents import read_json_file, require_valid, schema_problems
 from kit.model.errors import BadInput, KitError
 from kit.model.lock import LOCK_SCHEMA
@@ -84,7 +84,26 @@ class Catalog:
                 cat.unreadable[str(path)] = str(exc)
                 continue
             cat._add(doc, str(path))
+        cat._resolve_arms()
         return cat
+
+    def _resolve_arms(self) -> None:
+        """Arms that extend another hold their resolved document; one that cannot resolve keeps its raw
+        one (its schema check then names what is missing)."""
+        raw = dict(self.arm_docs)
+        for name, (doc, path) in raw.items():
+            if isinstance(doc, dict) and "extends" in doc:
+                try:
+                    self.arm_docs[name] = (resolve_arm_document(doc, lambda n: (raw.get(n) or (None,))[0]), path)
+                except ValueError:
+                    pass
+
+    def resolve_arm(self, doc: dict, source: str) -> dict:
+        """The arm ``doc`` resolved through ``extends`` against this catalog's arms; BadInput names the problem."""
+        try:
+            return resolve_arm_document(doc, lambda n: (self.arm_docs.get(n) or (None,))[0])
+        except ValueError as exc:
+            raise BadInput(f"{source}: {exc}") from None
 
     def _add(self, doc, path: str) -> None:
         if isinstance(doc, dict) and doc.get("schema") == LOCK_SCHEMA and isinstance(doc.get("stack"), str):
@@ -180,6 +199,9 @@ class Catalog:
                         f"{', '.join(self.arm_names()) or 'none'}")
 
     def arm_from_document(self, doc: dict, source: str, *, check_rules: bool = True) -> Arm:
+        if "extends" in doc:   # a layered arm may hold partial objects: its resolved form is validated
+            doc = self.resolve_arm(doc, source)
+            source = f"{source} (resolved through extends)"
         require_valid(doc, source, "arm")
         stack = self.stack(doc["stack"]["name"])
         if check_rules:
@@ -203,4 +225,5 @@ def _kind(doc: dict):
     """The document kind a catalog files it under: arm/v2 only widens arm/v1 (the gpu engine), so both are arms;
     stack/v2 widens stack/v1 (platform variants, locks), so both are stacks."""
     schema = doc.get("schema")
-    return {"rlk-kit/arm/v2": "rlk-kit/arm/v1", "rlk-kit/stack/v2": "rlk-kit/stack/v1"}.get(schema, schema)
+    return {"rlk-kit/arm/v2": "rlk-kit/arm/v1", "rlk-kit/arm/v3": "rlk-kit/arm/v1",
+            "rlk-kit/stack/v2": "rlk-kit/stack/v1"}.get(schema, schema)
