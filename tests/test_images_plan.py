@@ -249,20 +249,19 @@ def test_labels_without_checkout_omit_source_and_revision_and_record_the_local_b
     assert "dev.rlk-kit.base.id" not in lab and lab["org.opencontainers.image.base.digest"].startswith("sha256:")
 
 
-def test_build_tools_and_kit_requirements_are_exact_and_yield_to_stack_pins():
+def test_build_tools_and_kit_requirements_are_pinned_in_manifests_and_yield_to_stack_pins():
+    """They come from the kit-tools layer (manifests/stack-kit-tools.json) as stack packages, so they are locked."""
     stack = Catalog.default().stack("vime-g10")
     args = build_args(stack.document, "cuda")
-    for key in ("BUILD_TOOLS", "KIT_REQUIREMENTS"):
-        reqs = args[key].split()
-        assert reqs and all(re.fullmatch(r"[a-z0-9-]+==[0-9][0-9a-z.]*", r) for r in reqs), args[key]
-    assert {r.split("==")[0] for r in args["BUILD_TOOLS"].split()} == {"pip", "setuptools", "wheel", "packaging", "pybind11"}
-    assert {r.split("==")[0] for r in args["KIT_REQUIREMENTS"].split()} == {"click", "jsonschema"}
+    reqs = args["PACKAGES"].split()
+    assert all(re.fullmatch(r"[a-z0-9-]+(\[[a-z]+\])?==[0-9][0-9a-z.+]*", r) for r in reqs), reqs
+    tools = Catalog.default().raw_stack("kit-tools")["packages"]
+    assert set(tools) == {"pip", "setuptools", "wheel", "packaging", "pybind11", "click", "jsonschema"}
+    assert all(f"{n}=={v}" in reqs for n, v in tools.items())
+    assert "BUILD_TOOLS" not in args and "KIT_REQUIREMENTS" not in args
     pinned = json.loads(json.dumps(stack.document))
     pinned["packages"]["click"] = "8.1.7"
-    pinned["packages"]["setuptools"] = "75.0.0"
-    args = build_args(pinned, "cuda")
-    assert "click==8.1.7" in args["PACKAGES"].split() and "click" not in args["KIT_REQUIREMENTS"]
-    assert not any(r.startswith("setuptools==") for r in args["BUILD_TOOLS"].split())
+    assert "click==8.1.7" in build_args(pinned, "cuda")["PACKAGES"].split()
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile.cuda", "Dockerfile.rocm"])
@@ -272,8 +271,6 @@ def test_dockerfiles_install_nothing_unpinned(dockerfile):
     assert ">=" not in code and "~=" not in code
     for name in ("click", "jsonschema", "pip setuptools", "wheel", "packaging", "pybind11"):
         assert not re.search(rf"(?<![\w/-]){name}(?![\w=-])", code.replace("pip install", "").replace("/pip ", " ")), name
-    assert re.search(r"^ARG BUILD_TOOLS$", text, re.M) and re.search(r"^ARG KIT_REQUIREMENTS$", text, re.M)
-    assert "${BUILD_TOOLS} ${KIT_REQUIREMENTS}" in code
 
 
 def test_context_file_changed_after_listing_is_refused_when_the_tar_is_made(tmp_path):

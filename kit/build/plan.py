@@ -37,13 +37,9 @@ BAKED_SOURCES = ("rl-kernel", "vime", "megatron-lm")
 SEPARATE_PACKAGES = ("transformer-engine",)
 # Build tools of the CUDA/ROCm images; uv embeds the sha256 of every Python build it downloads.
 TOOL_PINS = {"uv": "0.9.7"}
-# Installed into the CUDA/ROCm venv in the same resolution as the stack's packages: the build tools
-# RL-Kernel's and Transformer Engine's extensions compile with, and the kit's own runtime
-# requirements (the in-image probe). Not stack pins: a stack that pins one of them wins, and then
-# it is left out here (it is already in PACKAGES).
-IMAGE_BUILD_TOOLS = {"pip": "25.2", "setuptools": "79.0.1", "wheel": "0.45.1", "packaging": "25.0",
-                     "pybind11": "3.0.1"}
-KIT_REQUIREMENTS = {"click": "8.2.1", "jsonschema": "4.25.1"}
+# The build tools and the kit's own requirements installed into the CUDA/ROCm venv are pinned in
+# manifests/stack-kit-tools.json, a layer the VIME stacks extend: they are stack packages (PACKAGES),
+# locked with the rest.
 # Fixed mtime of every context member (2024-01-01T00:00:00Z); the engine never sees wall-clock time.
 CONTEXT_MTIME = 1704067200
 ROCM_TORCH_INDEX = "https://download.pytorch.org/whl/rocm{major_minor}"
@@ -171,20 +167,12 @@ def build_args(stack_doc: dict, platform: str) -> dict[str, str]:
     if platform in ("cuda", "rocm"):
         args["TRANSFORMER_ENGINE_VERSION"] = packages.get("transformer-engine", "")
         args["UV_VERSION"] = TOOL_PINS["uv"]
-        args["BUILD_TOOLS"] = _unless_pinned(IMAGE_BUILD_TOOLS, packages)
-        args["KIT_REQUIREMENTS"] = _unless_pinned(KIT_REQUIREMENTS, packages)
     if platform == "cuda":
         args["TORCH_CUDA_ARCH_LIST"] = ";".join(entry.get("cuda_arch_list", []))
     if platform == "rocm":
         args["PYTORCH_ROCM_ARCH"] = ";".join(entry.get("gfx_targets", []))
         args["TORCH_INDEX_URL"] = rocm_torch_index(entry["base_image"])
     return args
-
-
-def _unless_pinned(pins: dict[str, str], stack_packages: dict[str, str]) -> str:
-    """``name==version`` for each pin the stack does not pin itself (the stack's version wins)."""
-    pinned = {n.lower().replace("_", "-") for n in stack_packages}
-    return " ".join(f"{n}=={v}" for n, v in sorted(pins.items()) if n not in pinned)
 
 
 def rocm_torch_index(base_image: str) -> str:
