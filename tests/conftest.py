@@ -20,6 +20,31 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def kit_version() -> str:
+    from kit import __version__
+    return __version__
+
+
+def seal_test_run(run_dir: Path, run_id: str, *, validation_passed: bool = True, gate_set_version: str = "g/1",
+                  sign_key: Path | None = None, arm: str = "smoke") -> dict:
+    """Seal a run dir as kit run does: validation.json and status.json (unless written), then the seal."""
+    from kit.evidence import bundle as E
+
+    if not (run_dir / E.VALIDATION).exists():
+        summary = dict.fromkeys(("last_reward", "mismatch_count_total", "mismatch_count_last", "max_abs_dlogp",
+                                 "mean_step_time_s")) | {"steps_expected": 0, "steps_observed": 0}
+        E.write_document(run_dir, E.VALIDATION, {"schema": "rlk-kit/validation-report/v1", "gate_set_version": gate_set_version,
+                                                 "run_id": run_id, "arm": arm, "passed": validation_passed, "gates": [],
+                                                 "summary": summary})
+    if not (run_dir / E.STATUS).exists():
+        E.write_document(run_dir, E.STATUS, {"schema": "rlk-kit/run-status/v1", "run_id": run_id, "status": "succeeded",
+                                             "job_status": "SUCCEEDED", "submission_id": "", "message": "",
+                                             "finished_at": "2026-12-02T00:00:00.000000Z",
+                                             "timing": {"total_s": 1.0, "workload_s": 1.0, "kit_s": 0.0}, "job_info": {}})
+    return E.seal_run_dir(run_dir, run_id=run_id, validation_passed=validation_passed,
+                          gate_set_version=gate_set_version, sign_key=sign_key)
+
+
 def run_manifest(arm_name: str, run_id: str, **workload) -> dict:
     """A valid run-manifest/v1 document for a catalog arm, as kit run writes one; ``workload``
     overrides fields of the arm's workload (seeds)."""
@@ -31,7 +56,7 @@ def run_manifest(arm_name: str, run_id: str, **workload) -> dict:
     doc = copy.deepcopy(arm.document)
     doc["workload"].update(workload)
     return {"schema": "rlk-kit/run-manifest/v1", "run_id": run_id, "created_at": "2026-12-02T00:00:00Z",
-            "kit_version": "0", "arm": doc, "arm_sha256": "0" * 64,
+            "kit_version": kit_version(), "arm": doc, "arm_sha256": "0" * 64,
             "stack": {"name": arm.stack.name, "sha256": arm.stack.sha256, "document": arm.stack.document},
             "runtime": {"kind": "local"}, "image": None, "observed_identity": None,
             "host": {"hostname": "h", "platform": "p", "python": "3.11"}, "gpus": {"devices": [], "driver": None},

@@ -16,7 +16,7 @@ from fixtures_vime_logs import published_rounds, synthetic_rows, write_log
 from kit.evidence import bundle as E
 from kit.cli import cli
 
-from conftest import run_manifest
+from conftest import run_manifest, seal_test_run
 
 
 def make_run(root: Path, arm_name: str, run_id: str, rows, gbs: int = 8, *, seal: bool = True,
@@ -29,7 +29,7 @@ def make_run(root: Path, arm_name: str, run_id: str, rows, gbs: int = 8, *, seal
     E.write_new_text(d, "run.log", log.read_text())
     log.unlink()
     if seal:
-        E.seal_run_dir(d, run_id=run_id, validation_passed=validation_passed, gate_set_version="g/1")
+        seal_test_run(d, run_id, validation_passed=validation_passed)
     return d
 
 

@@ -17,7 +17,8 @@ from kit.model.documents import require_valid_as, schema_problems
 from kit.model.errors import BadInput, CheckFailed
 from kit.evidence.redact import REDACTED, Redactor, redact_env
 
-from conftest import run_manifest
+from conftest import run_manifest, seal_test_run
+from kit.evidence.audit import IN_TOTO_SCHEMAS, verify_run_dir, write_in_toto
 
 
 def minimal_manifest(run_id: str) -> dict:
@@ -30,12 +31,12 @@ def make_run(workspace: Path, run_id: str = "r1", *, sign_key: Path | None = Non
     E.write_new_text(run_dir, "run.log", "# header\nstep 0: {'a': 1}\n")
     E.write_new_text(run_dir, "metrics.jsonl", '{"kind": "step"}\n')
     E.write_new_text(run_dir, "readbacks/vllm-rollout-1.json", "{}\n")
-    E.seal_run_dir(run_dir, run_id=run_id, validation_passed=True, gate_set_version="g/1", sign_key=sign_key)
+    seal_test_run(run_dir, run_id, sign_key=sign_key)
     return run_dir
 
 
 def problems(run_dir, **kw):
-    verdict = E.verify_run_dir(run_dir, **kw)
+    verdict = verify_run_dir(run_dir, **kw)
     return verdict.status, [p for p, _ in verdict.problems], verdict
 
 
@@ -43,7 +44,8 @@ def test_seal_lists_every_artifact_and_verifies(tmp_path):
     run_dir = make_run(tmp_path)
     seal = json.loads((run_dir / "seal.json").read_text())
     assert schema_problems(seal, "seal") == []
-    assert [a["path"] for a in seal["artifacts"]] == ["manifest.json", "metrics.jsonl", "readbacks/vllm-rollout-1.json", "run.log"]
+    assert [a["path"] for a in seal["artifacts"]] == ["manifest.json", "metrics.jsonl", "readbacks/vllm-rollout-1.json",
+                                                     "run.log", "status.json", "validation.json"]
     assert seal["manifest_sha256"] == seal["artifacts"][0]["sha256"]
     # the root hash is the sha256 of sha256sum-style lines
     import hashlib
@@ -127,7 +129,7 @@ def test_bad_key_file_is_bad_input(tmp_path):
     bad.write_text("not a key")
     run_dir = make_run(tmp_path / "ws")
     with pytest.raises(BadInput, match="--key"):
-        E.verify_run_dir(run_dir, public_key=bad)
+        verify_run_dir(run_dir, public_key=bad)
 
 
 def test_in_toto_statement(tmp_path):
@@ -141,13 +143,13 @@ def test_in_toto_statement(tmp_path):
     assert st_doc["subject"] == [{"name": a["path"], "digest": {"sha256": a["sha256"]}} for a in seal["artifacts"]]
     assert st_doc["predicate"]["root_sha256"] == seal["root_sha256"]
     # The statement validates against its shipped schema, which refuses a subject without a digest.
-    assert require_valid_as(st_doc, str(out), E.IN_TOTO_SCHEMA) == st_doc
+    assert require_valid_as(st_doc, str(out), IN_TOTO_SCHEMAS[seal['schema']]) == st_doc
     st_doc["subject"][0]["digest"] = {"sha256": "not-hex"}
     with pytest.raises(BadInput, match="/subject/0/digest/sha256"):
-        require_valid_as(st_doc, str(out), E.IN_TOTO_SCHEMA)
+        require_valid_as(st_doc, str(out), IN_TOTO_SCHEMAS[seal['schema']])
     # An existing statement is never replaced.
     with pytest.raises(BadInput, match="--in-toto"):
-        E.write_in_toto(seal, out)
+        write_in_toto(seal, out)
 
 
 def test_run_ids_are_never_reused_anywhere_in_the_workspace(tmp_path):
@@ -251,11 +253,11 @@ def test_a_directory_that_is_no_run_dir_is_unusable_input_not_a_failed_seal(tmp_
 
     (tmp_path / "locks").mkdir()
     (tmp_path / "locks" / "stack.json").write_text("{}\n")
-    verdict = E.verify_run_dir(tmp_path / "locks")
+    verdict = verify_run_dir(tmp_path / "locks")
     assert verdict.status == "unreadable" and "not a run directory" in verdict.problems[0][1]
     result = CliRunner().invoke(cli, ["verify", str(tmp_path / "locks")])
     assert result.exit_code == 2 and "locks/*.json" in result.output, result.output
     # a run dir whose run never sealed is still a failed check
     run_dir = E.create_run_dir(tmp_path / "ws", "r9")
     E.write_document(run_dir, "manifest.json", minimal_manifest("r9"))
-    assert E.verify_run_dir(run_dir).status == "fail"
+    assert verify_run_dir(run_dir).status == "fail"

@@ -299,7 +299,7 @@ def test_compare_with_a_run_that_did_not_complete_is_not_controlled(strict_run, 
     cmp = kit("compare", "--json", str(sealed), str(stopped))
     assert cmp.returncode == 1, cmp.stdout + cmp.stderr
     doc = json.loads(cmp.stdout)
-    assert schema_problems(doc, "comparison") == [] and doc["schema"] == "rlk-kit/comparison/v2"
+    assert schema_problems(doc, "comparison") == [] and doc["schema"] == "rlk-kit/comparison/v3"
     assert not doc["controlled"] and [d["path"] for d in doc["differences"]] == ["workload.rollouts"]
     assert [(n["run"], n["status"], n["sealed"]) for n in doc["not_comparable"]] == [(str(stopped), "interrupted", False)]
     # nothing differs between the interrupted run and a copy of it: only their standing makes the pair uncontrolled

@@ -181,7 +181,8 @@ def _evidence_problems(run_dir: Path, manifest: dict | None) -> tuple[str, ...]:
     verify_run_dir checks the manifest's schema only once the seal vouches for its bytes, so an
     unsealed run's manifest is checked here as well: either way its fields are not evidence."""
     from kit.model.documents import schema_problems
-    from kit.evidence.bundle import SEAL, verify_run_dir
+    from kit.evidence.audit import verify_run_dir
+    from kit.evidence.bundle import SEAL
 
     if manifest is None and not (run_dir / SEAL).is_file():
         return ()  # only a log: the bare-log reason says everything

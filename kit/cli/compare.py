@@ -13,13 +13,20 @@ from kit.model.errors import BadInput
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("a")
 @click.argument("b")
-@click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/comparison/v2 document.")
-def command(a, b, as_json):
+@click.option("--key", "public_key", type=click.Path(path_type=Path, dir_okay=False),
+              help="Runs: both seals must be signed with this ed25519 public key.")
+@click.option("--require-signature", is_flag=True, help="Runs: an unsigned seal makes the comparison not controlled.")
+@click.option("--accept-gate-sets", is_flag=True, help="Runs: accept verdicts of different gate-set versions as a "
+              "declared difference instead of an uncontrolled one.")
+@click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/comparison/v3 document.")
+def command(a, b, public_key, require_signature, accept_gate_sets, as_json):
     """Compare two arms (names or files) or two run directories.
 
     Every differing field of stack and arm (for runs: also observed identity, image, topology and
-    workload) is classified as a declared factor or uncontrolled. Runs must have succeeded and been
-    sealed: an interrupted, failed, detached or unsealed run makes the comparison not controlled.
+    workload) is classified as a declared factor or uncontrolled. Runs must have succeeded, been
+    sealed and verify now (both are re-hashed), and have been judged by the same gate set: anything
+    else makes the comparison not controlled. Each run's trust level (unsigned, signed, trusted)
+    is stated.
     Exit 0 when only declared factors differ, 1 otherwise, 2 for unreadable input.
 
     \b
@@ -27,6 +34,7 @@ def command(a, b, as_json):
       kit compare manifests/G10.json manifests/G11.json     # exit 1: pins and backend uncontrolled
       kit compare native consistency                        # exit 0: only operators differ
       kit compare .workspace/runs/r1 .workspace/runs/r2
+      kit compare --key seal.pub .workspace/runs/r1 .workspace/runs/r2
     """
     if Path(a).is_dir() or Path(b).is_dir():
         # one run directory makes it a comparison of runs: the other argument must be one too
@@ -37,7 +45,8 @@ def command(a, b, as_json):
                 raise BadInput(f"argument {name} ({value}): {what}; {other} is a run directory, so {name} must be "
                                "one too (<workspace>/runs/<run-id>)")
         from kit.evidence.compare import compare_run_dirs  # runs: observed identities from the manifests
-        result = compare_run_dirs(Path(a), Path(b))
+        result = compare_run_dirs(Path(a), Path(b), public_key=public_key, require_signature=require_signature,
+                                  accept_gate_sets=accept_gate_sets)
     else:
         from kit.model.catalog import Catalog
         from kit.evidence.compare import compare_arms
@@ -53,6 +62,9 @@ def command(a, b, as_json):
         width = max((len(d.path) for d in result.differences), default=4)
         for d in result.differences:
             click.echo(f"  {d.status:<12} {d.path:<{width}}  {_short(d.a)}  ->  {_short(d.b)}")
+        for ev in result.evidence:
+            click.echo(f"  evidence {ev['trust']:<9} {'verified' if ev['verified'] else 'FAILS kit verify'}  "
+                       f"gate set {ev['gate_set_version']}  {ev['run']}")
         for run in result.not_comparable:
             click.echo(f"  not comparable: {run['reason']}")
         for note in result.notes:

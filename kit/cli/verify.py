@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from kit.cli._output import emit_json
-from kit.model.errors import BadInput
+from kit.model.errors import BadInput, KitError
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,44 +17,60 @@ from kit.model.errors import BadInput
 @click.option("--arm", "arm_name", metavar="A", help="With --image: the arm whose stack the image must hold.")
 @click.option("--stack", "stack_name", metavar="S", help="With --image: the stack the image must hold.")
 @click.option("--key", "public_key", type=click.Path(path_type=Path, dir_okay=False), help="ed25519 public key a run dir's seal must be signed with.")
+@click.option("--require-signature", is_flag=True, help="A run dir whose seal is unsigned fails (exit 1); with --key, "
+              "only that key's signature passes.")
 @click.option("--in-toto", "in_toto", type=click.Path(path_type=Path, dir_okay=False), help="Also write a run dir's seal as an in-toto v1 Statement to this file.")
-@click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/verification/v1 document.")
-def command(paths, image, arm_name, stack_name, public_key, in_toto, as_json):
+@click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/verification/v2 document.")
+def command(paths, image, arm_name, stack_name, public_key, require_signature, in_toto, as_json):
     """Check lock files, sealed run directories or an image.
 
     Files get schema validation plus the semantic rules (full 40-hex commits, exact versions,
     digests, topology, batch and KL rules, capture sizes, declared comparisons). Directories are
-    run dirs: every artifact is re-hashed against the seal. Exit 0 all valid, 1 any invalid,
-    2 unreadable input or usage.
+    run dirs: every artifact is re-hashed against the seal, the seal is cross-checked with
+    validation.json, the manifest and status.json, and the verdict states its trust level
+    (unsigned: integrity only; signed: by the key the seal embeds; trusted: by the --key given).
+    Every path gets its verdict; a bad one never stops the others. Exit 0 all valid, 1 any
+    invalid, 2 any unreadable input or usage.
 
     \b
     Examples:
       kit verify manifests/*.json
       kit verify --json manifests/G10.json
       kit verify .workspace/runs/smoke-n40-s1234-20261202T101010Z
+      kit verify --key seal.pub --require-signature .workspace/runs/r1
       kit verify --image rlk-kit/smoke:cpu-0123456789ab --arm smoke
       kit verify --image rlk-kit/smoke:cpu-0123456789ab     # the stack its label names
     """
+    from kit.evidence.audit import verify_run_dir
+    from kit.evidence.signing import load_public_key
     from kit.evidence.verify import FileVerdict, verify_document_file
 
     if not paths and not image:
         raise BadInput("give one or more PATHs (lock files or run dirs) or --image REF; see kit verify --help")
+    if public_key is not None:
+        load_public_key(public_key)   # a bad --key is bad input before any verdict
     verdicts: list[FileVerdict] = []
     for path in paths:
-        if path.is_dir():
-            from kit.evidence.bundle import verify_run_dir  # sealed bundles: kit/evidence/bundle.py
-            verdicts.append(verify_run_dir(path, public_key=public_key, in_toto_out=in_toto))
-        else:
-            verdicts.append(verify_document_file(path))
+        try:
+            if path.is_dir():
+                verdicts.append(verify_run_dir(path, public_key=public_key,
+                                               require_signature=require_signature or public_key is not None))
+            else:
+                verdicts.append(verify_document_file(path))
+        except (KitError, OSError, ValueError, RecursionError) as exc:   # one bad path never hides the others' verdicts
+            verdicts.append(FileVerdict(str(path), status="unreadable", problems=[("", _one_line(exc))]))
+    if in_toto is not None:
+        _write_in_toto(verdicts, in_toto)
     if image:
         verdicts.append(_verify_image(image, arm_name, stack_name))
     passed = all(v.status == "ok" for v in verdicts)
     if as_json:
-        emit_json({"schema": "rlk-kit/verification/v1", "passed": passed, "results": [v.to_json() for v in verdicts]})
+        emit_json({"schema": "rlk-kit/verification/v2", "passed": passed, "results": [v.to_json() for v in verdicts]})
     else:
         for v in verdicts:
             label = {"ok": "OK  ", "fail": "FAIL", "unreadable": "FAIL"}[v.status]
-            click.echo(f"{label} {v.path}" + (f" ({v.kind})" if v.kind != "unknown" else ""))
+            kind = f"{v.kind}, {v.trust}" if v.trust else v.kind
+            click.echo(f"{label} {v.path}" + (f" ({kind})" if v.kind != "unknown" else ""))
             for pointer, message in v.problems:
                 click.echo(f"     {pointer or '/'}: {message}")
             for note in v.notes:
@@ -63,6 +79,27 @@ def command(paths, image, arm_name, stack_name, public_key, in_toto, as_json):
         raise click.exceptions.Exit(2)
     if not passed:
         raise click.exceptions.Exit(1)
+
+
+def _write_in_toto(verdicts, out: Path) -> None:
+    """The statement of the one run dir that verified (errors writing it are the flag's, exit 2)."""
+    from kit.evidence.audit import write_in_toto
+    from kit.evidence.bundle import SEAL
+    from kit.model.documents import read_json_file
+
+    runs = [v for v in verdicts if v.kind == "run"]
+    if len(runs) != 1:
+        raise BadInput(f"--in-toto {out}: give exactly one run dir ({len(runs)} given)")
+    if runs[0].status != "ok":
+        runs[0].notes.append("no in-toto statement written: the run dir does not verify")
+        return
+    write_in_toto(read_json_file(Path(runs[0].path) / SEAL), out)
+    runs[0].notes.append(f"in-toto statement written to {out}")
+
+
+def _one_line(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if isinstance(exc, KitError) else f"{type(exc).__name__}: {text}"
 
 
 def _verify_image(image: str, arm_name: str | None, stack_name: str | None):

@@ -1,30 +1,34 @@
-"""Evidence: run directories, the seal, verification and comparison of runs.
+"""Evidence: run directories and their seal.
 
 A run directory ``<workspace>/runs/<run-id>/`` is created exclusively and its id is recorded in
 ``<workspace>/runs/.ids``, so an id is never used twice anywhere in the workspace. Artifacts are
-written once; ``seal.json`` is written last and atomically: sha256 of every artifact, a root hash
-over the sorted ``sha256sum``-style list, the manifest's hash, optionally an ed25519 signature.
-After sealing the files are made read-only and nothing writes there again. Example::
+written once; then every file is made read-only and ``seal.json`` is written last and atomically:
+sha256, size and mode of every artifact, a root hash over the sorted ``sha256sum``-style list, the
+manifest's and the validation report's hashes, a hash over the whole seal, optionally an ed25519
+signature (:mod:`kit.evidence.signing`). :mod:`kit.evidence.audit` verifies. Example::
 
     run_dir = create_run_dir(Path(".workspace"), "smoke-r1")
-    ...                                       # manifest.json, run.log, metrics.jsonl, ...
-    seal_run_dir(run_dir)
-    verify_run_dir(run_dir).status            # "ok"
+    ...                                       # manifest.json, run.log, validation.json, ...
+    seal_run_dir(run_dir, run_id="smoke-r1", validation_passed=True, gate_set_version="rlk-kit-gates/2")
 """
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
 import fcntl
 import hashlib
 import os
+import re
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from kit.model.documents import (canonical_json, read_json_file, schema_id, schema_problems, write_new_document)
+from kit import __version__
+from kit.evidence.files import hash_bounded, walk_run_dir
+from kit.evidence.signing import load_private_key, sign_seal
+from kit.model.documents import (dumps_pretty, read_json_file, replace_document, require_valid, schema_id,
+                                 schema_problems, sha256_of_document, write_new_document)
 from kit.model.errors import BadInput, CheckFailed, KitError
 
 SEAL = "seal.json"
@@ -37,12 +41,21 @@ ARM_FILE = "arm.json"
 KIT_LOG = "kit.log"
 RUNS_DIR = "runs"
 ID_REGISTRY = ".ids"
-SEAL_SCHEMA = schema_id("seal")
+SEAL_SCHEMA = schema_id("seal", 2)
 MANIFEST_SCHEMA = schema_id("run-manifest")
-IN_TOTO_STATEMENT = "https://in-toto.io/Statement/v1"
-IN_TOTO_PREDICATE = "https://rlk-kit.dev/attestation/run-seal/v1"
-IN_TOTO_SCHEMA = "rlk-kit/in-toto-run-seal/v1"   # shipped schema of the statement (it has no 'schema' field)
+SEAL_TMP_PREFIX = f".{SEAL}.tmp-"        # where kit versions before seal v2 staged the seal, inside the run dir
+READ_ONLY_MASK = ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) & 0o7777
 HASH_WORKERS = 4
+# A run id names a directory: no whitespace, control characters, path parts or look-alike trailing newline.
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_run_id(run_id: str, flag: str = "--run-id") -> str:
+    """``check_run_id("smoke-r1")`` returns it; ``"r1\\n"``, ``"../x"`` or ``"a b"`` is bad input (exit 2)."""
+    if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
+        raise BadInput(f"{flag} {run_id!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit "
+                       "(at most 128; no spaces, control characters or '/')")
+    return run_id
 
 
 UTC_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
@@ -97,6 +110,7 @@ def run_id_in_use(workspace: Path, run_id: str) -> str | None:
 def create_run_dir(workspace: Path, run_id: str) -> Path:
     """Register the id and create the run dir exclusively; a used id is bad input (exit 2)."""
     workspace = Path(workspace)
+    check_run_id(run_id)
     runs = workspace / RUNS_DIR
     with _registry_lock(runs):
         used = run_id_in_use(workspace, run_id)
@@ -125,15 +139,26 @@ def write_new_text(run_dir: Path, name: str, text: str) -> Path:
     """Write one artifact exclusively (never replacing anything) into an unsealed run dir."""
     _refuse_if_sealed(run_dir)
     path = Path(run_dir) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "x", encoding="utf-8") as fh:
-        fh.write(text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "x", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
     return path
 
 
 def write_document(run_dir: Path, name: str, doc: dict) -> Path:
     _refuse_if_sealed(run_dir)
-    return write_new_document(Path(run_dir) / name, doc)
+    try:
+        return write_new_document(Path(run_dir) / name, doc)
+    except OSError as exc:
+        raise _unwritable(Path(run_dir) / name, exc) from None
+
+
+def _unwritable(path: Path, exc: OSError) -> BadInput:
+    """A full disk or a read-only run root: one line, and what was already written stays."""
+    return BadInput(f"{path}: cannot write ({exc.strerror or exc}); what the run wrote before is kept in {path.parent}")
 
 
 def replace_status(run_dir: Path, doc: dict) -> Path:
@@ -141,8 +166,6 @@ def replace_status(run_dir: Path, doc: dict) -> Path:
 
     The only artifact ever rewritten, and only while the status says ``detached``: a final status is
     written once, and a sealed run dir is never written again."""
-    from kit.model.documents import replace_document
-
     _refuse_if_sealed(run_dir)
     path = Path(run_dir) / STATUS
     current = status_of(Path(run_dir))
@@ -154,29 +177,13 @@ def replace_status(run_dir: Path, doc: dict) -> Path:
 # --- hashing -------------------------------------------------------------------------------------------
 
 def artifact_paths(run_dir: Path) -> list[str]:
-    """Every file under the run dir except the seal itself, as sorted POSIX paths."""
-    run_dir = Path(run_dir)
-    out = []
-    for dirpath, dirnames, filenames in os.walk(run_dir):
-        dirnames.sort()
-        for name in filenames:
-            rel = Path(dirpath, name).relative_to(run_dir).as_posix()
-            if rel != SEAL:
-                out.append(rel)
-    return sorted(out)
+    """Every regular file under the run dir except the seal itself, as sorted POSIX paths (links never followed)."""
+    return sorted(walk_run_dir(Path(run_dir), skip=(SEAL,)).files)
 
 
 def _hash_one(path: Path) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as fh:
-        while True:
-            block = fh.read(1 << 22)
-            if not block:
-                break
-            size += len(block)
-            h.update(block)
-    return h.hexdigest(), size
+    digest, size, _ = hash_bounded(path.parent, path.name, limit=None)
+    return digest, size
 
 
 def hash_artifacts(run_dir: Path, paths: list[str]) -> dict[str, tuple[str, int]]:
@@ -193,18 +200,28 @@ def root_sha256(artifacts: list[dict]) -> str:
     return hashlib.sha256(lines.encode("utf-8")).hexdigest()
 
 
+def seal_sha256(seal: dict) -> str:
+    """sha256 of the canonical JSON of the seal without ``seal_sha256`` and ``signature``: covers every field."""
+    return sha256_of_document({k: v for k, v in seal.items() if k not in ("seal_sha256", "signature")})
+
+
 # --- the seal ----------------------------------------------------------------------------------------------
 
 def build_seal(run_dir: Path, *, run_id: str, validation_passed: bool, gate_set_version: str) -> dict:
-    from kit import __version__
-
+    """The v2 seal of a run dir as its files are now (modes as they will be once made read-only)."""
     run_dir = Path(run_dir)
-    paths = artifact_paths(run_dir)
-    if MANIFEST not in paths:
-        raise CheckFailed(f"{run_dir}: no {MANIFEST}; only a run with a manifest can be sealed")
+    listing = walk_run_dir(run_dir, skip=(SEAL,))
+    if listing.refused:
+        rel, why = next(iter(sorted(listing.refused.items())))
+        raise CheckFailed(f"{run_dir / rel}: {why}; only regular files are sealed")
+    paths = sorted(p for p in listing.files if not p.startswith(SEAL_TMP_PREFIX))
+    for required in (MANIFEST, VALIDATION):
+        if required not in paths:
+            raise CheckFailed(f"{run_dir}: no {required}; only a run with a manifest and a validation report is sealed")
     hashed = hash_artifacts(run_dir, paths)
-    artifacts = [{"path": p, "sha256": hashed[p][0], "size": hashed[p][1]} for p in paths]
-    return {
+    artifacts = [{"path": p, "sha256": hashed[p][0], "size": hashed[p][1],
+                  "mode": f"0{listing.files[p].mode & READ_ONLY_MASK:03o}"} for p in paths]
+    seal = {
         "schema": SEAL_SCHEMA,
         "run_id": run_id,
         "sealed_at": utc_now(),
@@ -213,189 +230,70 @@ def build_seal(run_dir: Path, *, run_id: str, validation_passed: bool, gate_set_
         "artifacts": artifacts,
         "root_sha256": root_sha256(artifacts),
         "manifest_sha256": hashed[MANIFEST][0],
+        "validation_sha256": hashed[VALIDATION][0],
         "validation_passed": validation_passed,
         "gate_set_version": gate_set_version,
     }
+    seal["seal_sha256"] = seal_sha256(seal)
+    return seal
 
 
 def seal_run_dir(run_dir: Path, *, run_id: str, validation_passed: bool, gate_set_version: str,
                  sign_key: Path | None = None, private_key=None) -> dict:
-    """Write seal.json last and atomically, then make every file read-only.
+    """Make every file read-only, then write seal.json last and atomically.
 
+    The seal's bytes go to a temporary file beside the run dir (never inside it) and are linked into
+    place, so a crash leaves either no seal or a whole one, and never a stray file in the sealed tree.
     ``private_key`` (loaded with :func:`load_private_key` before the run started) or ``sign_key``
     (a path, loaded now) signs the seal."""
     run_dir = Path(run_dir)
     _refuse_if_sealed(run_dir)
     if private_key is None and sign_key is not None:
         private_key = load_private_key(sign_key)
-    seal = build_seal(run_dir, run_id=run_id, validation_passed=validation_passed, gate_set_version=gate_set_version)
-    if private_key is not None:
-        seal["signature"] = sign_document(seal, private_key)
-    write_new_document(run_dir / SEAL, seal)
-    for rel in [*artifact_paths(run_dir), SEAL]:
-        path = run_dir / rel
-        mode = path.stat().st_mode
-        path.chmod(mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+        for rel in artifact_paths(run_dir):
+            path = run_dir / rel
+            path.chmod(stat.S_IMODE(path.lstat().st_mode) & READ_ONLY_MASK)
+        seal = build_seal(run_dir, run_id=run_id, validation_passed=validation_passed, gate_set_version=gate_set_version)
+        if private_key is not None:
+            seal["signature"] = sign_seal(seal, private_key)
+        require_valid(seal, str(run_dir / SEAL), "seal")
+        tmp = run_dir.parent / f".{run_dir.name}.{SEAL}.tmp-{os.getpid()}"
+        with open(tmp, "xb") as fh:
+            fh.write(dumps_pretty(seal).encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            tmp.chmod(0o444)
+            os.link(tmp, run_dir / SEAL)
+        except FileExistsError:
+            raise CheckFailed(f"{run_dir / SEAL}: already exists; evidence is never overwritten") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(run_dir)
+    except OSError as exc:
+        raise BadInput(f"{exc.filename or run_dir}: cannot seal ({exc.strerror or exc}); the run's files are kept "
+                       f"unsealed in {run_dir}") from None
     return seal
 
 
-# --- signing -----------------------------------------------------------------------------------------------
-
-def _read_key_bytes(path: Path, what: str, flag: str) -> bytes:
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise BadInput(f"{flag} {path}: cannot read the {what} ({exc.strerror or exc})") from None
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-def load_private_key(path: Path):
-    """An ed25519 private key: PEM (PKCS#8, unencrypted) or the raw 32 bytes."""
-    from cryptography.exceptions import UnsupportedAlgorithm
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    raw = _read_key_bytes(path, "ed25519 private key", "--sign-key")
-    try:
-        if raw.lstrip().startswith(b"-----BEGIN"):
-            key = serialization.load_pem_private_key(raw, password=None)
-        elif len(raw) == 32:
-            key = Ed25519PrivateKey.from_private_bytes(raw)
-        else:
-            raise ValueError("neither PEM nor 32 raw bytes")
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        raise BadInput(f"--sign-key {path}: not an unencrypted ed25519 private key (PEM PKCS#8 or 32 raw bytes): {exc}") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise BadInput(f"--sign-key {path}: is a {type(key).__name__}, expected an ed25519 key")
-    return key
-
-
-def load_public_key(path: Path):
-    """An ed25519 public key: PEM (SubjectPublicKeyInfo), 32 raw bytes, or 64 hex / base64 text."""
-    from cryptography.exceptions import UnsupportedAlgorithm
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    raw = _read_key_bytes(path, "ed25519 public key", "--key")
-    try:
-        if raw.lstrip().startswith(b"-----BEGIN"):
-            key = serialization.load_pem_public_key(raw)
-        elif len(raw) == 32:
-            key = Ed25519PublicKey.from_public_bytes(raw)
-        else:
-            text = raw.decode("ascii").strip()
-            data = bytes.fromhex(text) if len(text) == 64 else base64.b64decode(text, validate=True)
-            key = Ed25519PublicKey.from_public_bytes(data)
-    except (ValueError, TypeError, UnicodeDecodeError, UnsupportedAlgorithm) as exc:
-        raise BadInput(f"--key {path}: not an ed25519 public key (PEM, 32 raw bytes, hex or base64): {exc}") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise BadInput(f"--key {path}: is a {type(key).__name__}, expected an ed25519 key")
-    return key
-
-
-def _public_raw(key) -> bytes:
-    from cryptography.hazmat.primitives import serialization
-    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-def sign_document(doc: dict, private_key) -> dict:
-    """ed25519 over the canonical JSON of the document without its ``signature`` field."""
-    payload = canonical_json({k: v for k, v in doc.items() if k != "signature"})
-    return {"algorithm": "ed25519", "public_key": base64.b64encode(_public_raw(private_key.public_key())).decode(),
-            "value": base64.b64encode(private_key.sign(payload)).decode(),
-            "signed_bytes": "canonical JSON of this document without the 'signature' field"}
-
-
-def signature_problems(doc: dict, public_key) -> list[str]:
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    sig = doc.get("signature")
-    if not sig:
-        return ["the seal is not signed"]
-    try:
-        embedded = base64.b64decode(sig["public_key"], validate=True)
-        value = base64.b64decode(sig["value"], validate=True)
-    except (ValueError, KeyError) as exc:
-        return [f"signature is malformed: {exc}"]
-    key = public_key or Ed25519PublicKey.from_public_bytes(embedded)
-    if public_key is not None and _public_raw(public_key) != embedded:
-        return ["signed with a different key than --key"]
-    try:
-        key.verify(value, canonical_json({k: v for k, v in doc.items() if k != "signature"}))
-    except InvalidSignature:
-        return ["signature does not match the seal's content"]
-    return []
-
-
-# --- verification --------------------------------------------------------------------------------------------
-
-def verify_run_dir(path: Path, public_key: Path | None = None, in_toto_out: Path | None = None):
-    """Re-hash every artifact against the seal; name every missing, changed or extra file."""
-    from kit.evidence.verify import FileVerdict
-
-    run_dir = Path(path)
-    verdict = FileVerdict(str(run_dir), kind="run")
-    seal_path = run_dir / SEAL
-    registered = (run_dir.parent / ID_REGISTRY).is_file()   # made by create_run_dir, even if it stopped at once
-    if not registered and not any((run_dir / name).is_file() for name in (SEAL, STATUS, MANIFEST)):
-        # Not a run dir at all (a folder of locks, say): unusable input, not a failed check.
-        verdict.status, verdict.kind = "unreadable", "unknown"
-        verdict.problems.append(("", f"not a run directory (no {SEAL}, {STATUS} or {MANIFEST}); give a run dir "
-                                     f"<workspace>/runs/<run-id> or lock files such as {run_dir}/*.json"))
-        return verdict
-    if not seal_path.is_file():
-        status = status_of(run_dir)
-        verdict.status = "fail"
-        verdict.problems.append((f"/{SEAL}", f"missing: the run was not sealed (status {status})"))
-        return verdict
-    try:
-        seal = read_json_file(seal_path)
-    except KitError as exc:
-        verdict.status = "fail"
-        verdict.problems.append((f"/{SEAL}", str(exc).split(": ", 1)[-1]))
-        return verdict
-    problems = [(f"/{SEAL}{p}", m) for p, m in schema_problems(seal, "seal")]
-    if problems:
-        verdict.status, verdict.problems = "fail", problems
-        return verdict
-    listed = {a["path"]: a for a in seal["artifacts"]}
-    on_disk = set(artifact_paths(run_dir))
-    present = sorted(set(listed) & on_disk)
-    hashed = hash_artifacts(run_dir, present)
-    for rel in sorted(listed):
-        if rel not in on_disk:
-            problems.append((f"/{rel}", "missing: listed in the seal, not in the run dir"))
-        elif hashed[rel][0] != listed[rel]["sha256"]:
-            problems.append((f"/{rel}", f"changed: sha256 {hashed[rel][0]}, sealed {listed[rel]['sha256']}"))
-    for rel in sorted(on_disk - set(listed)):
-        problems.append((f"/{rel}", "extra: not in the seal (added after sealing)"))
-    if root_sha256(seal["artifacts"]) != seal["root_sha256"]:
-        problems.append((f"/{SEAL}/root_sha256", "does not match the listed artifacts: the seal was edited"))
-    if listed.get(MANIFEST, {}).get("sha256") != seal["manifest_sha256"]:
-        problems.append((f"/{SEAL}/manifest_sha256", "does not match the sealed manifest.json"))
-    if (run_dir / MANIFEST).is_file() and MANIFEST in present and hashed[MANIFEST][0] == listed[MANIFEST]["sha256"]:
-        try:
-            for p, m in schema_problems(read_json_file(run_dir / MANIFEST), "run-manifest"):
-                problems.append((f"/{MANIFEST}{p}", m))
-        except KitError as exc:
-            problems.append((f"/{MANIFEST}", str(exc)))
-    if not seal["validation_passed"]:
-        problems.append((f"/{SEAL}/validation_passed", "false: the run's gates failed (see validation.json)"))
-    if public_key is not None:
-        key = load_public_key(public_key)
-        problems += [(f"/{SEAL}/signature", m) for m in signature_problems(seal, key)]
-    elif seal.get("signature"):
-        sig_problems = signature_problems(seal, None)
-        problems += [(f"/{SEAL}/signature", m) for m in sig_problems]
-        if not sig_problems:
-            verdict.notes.append(f"signed (ed25519 key {seal['signature']['public_key']}); pass --key PUB to check the signer")
-    verdict.notes.append(f"{len(listed)} artifacts, root sha256 {seal['root_sha256']}, gate set {seal['gate_set_version']}")
-    if in_toto_out is not None:
-        write_in_toto(seal, Path(in_toto_out))
-        verdict.notes.append(f"in-toto statement written to {in_toto_out}")
-    verdict.problems = problems
-    verdict.status = "fail" if problems else "ok"
-    return verdict
+def clean_stale_seal_temps(runs: Path) -> list[Path]:
+    """Remove temporary seal files a killed ``kit run`` left beside its run dir; returns what was removed."""
+    removed = []
+    for tmp in Path(runs).glob(f".*.{SEAL}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
 
 
 def status_of(run_dir: Path) -> str:
@@ -403,27 +301,6 @@ def status_of(run_dir: Path) -> str:
         return read_json_file(run_dir / STATUS).get("status", "unknown")
     except KitError:
         return "unknown: no status.json"
-
-
-def in_toto_statement(seal: dict) -> dict:
-    """The seal as an in-toto v1 Statement: the artifacts are the subjects."""
-    return {
-        "_type": IN_TOTO_STATEMENT,
-        "subject": [{"name": a["path"], "digest": {"sha256": a["sha256"]}} for a in seal["artifacts"]],
-        "predicateType": IN_TOTO_PREDICATE,
-        "predicate": {k: seal[k] for k in ("run_id", "sealed_at", "kit_version", "root_sha256", "manifest_sha256",
-                                           "validation_passed", "gate_set_version")}
-                     | ({"signature": seal["signature"]} if seal.get("signature") else {}),
-    }
-
-
-def write_in_toto(seal: dict, out: Path) -> Path:
-    from kit.model.documents import write_new_document
-
-    if out.exists():
-        raise BadInput(f"--in-toto {out}: already exists; choose a new file")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return write_new_document(out, in_toto_statement(seal), schema=IN_TOTO_SCHEMA)
 
 
 # --- run manifests ----------------------------------------------------------------------------------------------

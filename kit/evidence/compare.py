@@ -15,7 +15,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kit.evidence import bundle as E
+from kit.evidence.audit import verify_run_dir
 from kit.model.arm import Arm
+from kit.model.documents import read_json_file
+from kit.model.errors import BadInput, KitError
 
 # Fields that name or describe an arm, or are compared through the stack's content instead.
 ARM_FIELDS_NOT_COMPARED = ("schema", "name", "description", "comparison", "stack")
@@ -24,7 +28,8 @@ KEYED_LISTS = {"sources": "name"}
 
 DECLARED = "declared"
 UNCONTROLLED = "uncontrolled"
-COMPARISON_SCHEMA = "rlk-kit/comparison/v2"
+COMPARISON_SCHEMA = "rlk-kit/comparison/v3"
+GATE_SET_PATH = "validation.gate_set_version"
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class Comparison:
     notes: tuple[str, ...] = field(default_factory=tuple)
     # runs that are no evidence to compare (not completed and sealed): {"run", "status", "sealed", "reason"}
     not_comparable: tuple[dict, ...] = field(default_factory=tuple)
+    # runs: each run dir re-verified now: {"run", "verified", "trust", "gate_set_version", "problems"}
+    evidence: tuple[dict, ...] = field(default_factory=tuple)
 
     @property
     def uncontrolled(self) -> list[Difference]:
@@ -65,6 +72,7 @@ class Comparison:
             "declared_factors": list(self.declared_factors),
             "differences": [d.to_json() for d in self.differences],
             "not_comparable": [dict(n) for n in self.not_comparable],
+            "evidence": [dict(e) for e in self.evidence],
             "notes": list(self.notes),
         }
 
@@ -259,10 +267,6 @@ def run_standing(run_dir: Path) -> dict | None:
         run_standing(Path("ws/runs/stop-me"))
         # {"run": "ws/runs/stop-me", "status": "interrupted", "sealed": False, "reason": "ws/runs/stop-me: status ..."}
     """
-    from kit.evidence import bundle as E
-    from kit.model.documents import read_json_file
-    from kit.model.errors import KitError
-
     run_dir = Path(run_dir)
     try:
         doc = read_json_file(run_dir / E.STATUS)
@@ -292,15 +296,36 @@ def run_standing(run_dir: Path) -> dict | None:
                       "comparable evidence"}
 
 
-def compare_run_dirs(a: Path, b: Path) -> Comparison:
-    """:func:`compare_run_manifests` over two run dirs, not controlled unless both runs succeeded and
-    were sealed (see :func:`run_standing`). ``kit verify`` is what re-hashes a seal. Example::
+def run_evidence(run_dir: Path, *, public_key: Path | None = None, require_signature: bool = False) -> dict:
+    """``kit verify`` of one run dir, now: every artifact re-hashed, the seal cross-checked, its trust level."""
+    verdict = verify_run_dir(Path(run_dir), public_key, require_signature=require_signature or public_key is not None)
+    gate_set = None
+    try:
+        seal = read_json_file(Path(run_dir) / E.SEAL)
+        gate_set = seal.get("gate_set_version") if isinstance(seal, dict) else None
+    except KitError:
+        pass
+    return {"run": str(run_dir), "verified": verdict.status == "ok", "trust": verdict.trust or "unsigned",
+            "gate_set_version": gate_set if isinstance(gate_set, str) else None,
+            "problems": [f"{p or '/'}: {m}" for p, m in verdict.problems]}
+
+
+def gate_set_difference(evidence: tuple[dict, dict], accept: bool) -> Difference | None:
+    """Two verdicts are comparable only under one gate set; a different one is uncontrolled unless accepted."""
+    ga, gb = (e["gate_set_version"] for e in evidence)
+    if ga == gb:
+        return None
+    return Difference(GATE_SET_PATH, ga, gb, DECLARED if accept else UNCONTROLLED)
+
+
+def compare_run_dirs(a: Path, b: Path, *, public_key: Path | None = None, require_signature: bool = False,
+                     accept_gate_sets: bool = False) -> Comparison:
+    """:func:`compare_run_manifests` over two run dirs, not controlled unless both runs succeeded, were
+    sealed and verify now (re-hashed here, under the ``--key``/``--require-signature`` policy), and
+    were judged by the same gate set (or ``accept_gate_sets``). Example::
 
         compare_run_dirs(Path("ws/runs/r1"), Path("ws/runs/r2")).controlled
     """
-    from kit.evidence import bundle as E
-    from kit.model.errors import BadInput
-
     manifests = []
     for label, run_dir in (("A", a), ("B", b)):
         try:
@@ -308,5 +333,25 @@ def compare_run_dirs(a: Path, b: Path) -> Comparison:
         except BadInput as exc:
             raise BadInput(f"argument {label}: {exc}") from None
     result = compare_run_manifests(*manifests)
-    standing = tuple(s for s in (run_standing(Path(a)), run_standing(Path(b))) if s)
-    return replace(result, a=str(a), b=str(b), not_comparable=standing)
+    evidence = (run_evidence(a, public_key=public_key, require_signature=require_signature),
+                run_evidence(b, public_key=public_key, require_signature=require_signature))
+    standing = []
+    for run_dir, ev in zip((a, b), evidence):
+        found = run_standing(Path(run_dir))
+        if found is None and not ev["verified"]:
+            listed = "; ".join(ev["problems"][:3]) + (f"; and {len(ev['problems']) - 3} more" if len(ev["problems"]) > 3 else "")
+            found = {"run": str(run_dir), "status": "succeeded", "sealed": True,
+                     "reason": f"{run_dir}: kit verify fails ({listed}); its seal vouches for nothing"}
+        if found:
+            standing.append(found)
+    diffs = list(result.differences)
+    notes = list(result.notes)
+    gates = gate_set_difference(evidence, accept_gate_sets)
+    if gates:
+        diffs.append(gates)
+        notes.append(f"judged by different gate sets ({gates.a} vs {gates.b}): "
+                     + ("accepted with --accept-gate-sets" if accept_gate_sets else
+                        "their verdicts are not comparable (pass --accept-gate-sets to accept it)"))
+    notes += [f"{ev['run']}: evidence {ev['trust']}" for ev in evidence]
+    return replace(result, a=str(a), b=str(b), differences=tuple(diffs), notes=tuple(notes),
+                   not_comparable=tuple(standing), evidence=evidence)

@@ -26,10 +26,12 @@ class FileVerdict:
     status: str = "ok"                                   # ok | fail | unreadable
     problems: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    trust: str | None = None                             # run dirs: unsigned | signed | trusted (kit.evidence.signing)
 
     def to_json(self) -> dict:
         return {"path": self.path, "kind": self.kind, "status": self.status,
-                "problems": [{"pointer": p, "message": m} for p, m in self.problems], "notes": list(self.notes)}
+                "problems": [{"pointer": p, "message": m} for p, m in self.problems], "notes": list(self.notes)} \
+            | ({"trust": self.trust} if self.trust else {})
 
 
 def _catalog_for(path: Path):
@@ -44,11 +46,16 @@ def verify_document_file(path: Path) -> FileVerdict:
     except KitError as exc:
         verdict.status, verdict.problems = "unreadable", [("", str(exc).split(": ", 1)[-1])]
         return verdict
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if not isinstance(schema, str) or not schema.startswith("rlk-kit/"):
+        verdict.status = "unreadable"
+        verdict.problems = [("/schema" if isinstance(doc, dict) else "", "not a kit document (no \"schema\": "
+                             "\"rlk-kit/<name>/v<N>\"); kit verify checks stacks, arms, matrices and run dirs")]
+        return verdict
     problems = schema_problems(doc)
     if isinstance(doc, dict) and "extends" in doc and str(doc.get("schema")).startswith("rlk-kit/arm/"):
         # a layered arm may hold partial objects: it is validated in its resolved form (_arm_rules)
         problems = [(p, m) for p, m in problems if p in ("", "/schema", "/name", "/extends")]
-    schema = doc.get("schema") if isinstance(doc, dict) else None
     verdict.kind = schema.split("/")[1] if isinstance(schema, str) and schema.count("/") == 2 else "unknown"
     if not problems:
         if verdict.kind == "stack":

@@ -11,10 +11,13 @@ never in place. Example::
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import math
 import os
 import re
+import stat
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -23,6 +26,7 @@ from typing import Any, Iterable
 from kit.model.errors import BadInput
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+MAX_DEPTH = 64          # the deepest shipped document nests about 10 levels
 SCHEMA_ID_RE = re.compile(r"^rlk-kit/([a-z][a-z0-9-]*)/v([1-9][0-9]*)$")
 
 
@@ -33,33 +37,48 @@ def schema_id(name: str, version: int = 1) -> str:
 
 # --- reading -----------------------------------------------------------------
 
-def read_json_file(path: Path | str) -> Any:
-    """Read one JSON file, turning every way it can be unreadable into a BadInput naming the file."""
+def read_json_file(path: Path | str, *, limit: int = MAX_DOCUMENT_BYTES) -> Any:
+    """Read one JSON file, turning every way it can be unreadable into a BadInput naming the file.
+
+    Only a regular file is read (a link to one is followed; a FIFO, a device or a directory is
+    refused without blocking), at most ``limit`` bytes, nested at most ``MAX_DEPTH`` deep."""
     path = Path(path)
     try:
-        # stat() follows links; a loop or a dangling link raises here with a clear errno.
-        info = path.stat()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise BadInput(f"{path}: no such file") from None
-    except RuntimeError:  # pathlib reports symlink loops this way on some versions
-        raise BadInput(f"{path}: symbolic link loop") from None
     except OSError as exc:
-        if exc.errno == 40:  # ELOOP
+        if exc.errno == errno.ELOOP:
             raise BadInput(f"{path}: symbolic link loop") from None
+        if exc.errno == errno.EISDIR:
+            raise BadInput(f"{path}: is a directory, expected a JSON file") from None
         raise BadInput(f"{path}: cannot read ({exc.strerror})") from None
-    if path.is_dir():
-        raise BadInput(f"{path}: is a directory, expected a JSON file")
-    if info.st_size > MAX_DOCUMENT_BYTES:
-        raise BadInput(f"{path}: {info.st_size} bytes is over the 16 MiB limit for a document")
     try:
-        raw = path.read_bytes()
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise BadInput(f"{path}: is a directory, expected a JSON file")
+        if not stat.S_ISREG(info.st_mode):
+            raise BadInput(f"{path}: not a regular file (a FIFO, device or socket); documents are regular files")
+        if info.st_size > limit:
+            raise BadInput(f"{path}: {info.st_size} bytes is over the {limit // (1 << 20)} MiB limit for a document")
+        chunks, size = [], 0
+        while size <= limit:
+            block = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not block:
+                break
+            chunks.append(block)
+            size += len(block)
+        if size > limit:
+            raise BadInput(f"{path}: over the {limit // (1 << 20)} MiB limit for a document (it grew while read)")
     except OSError as exc:
         raise BadInput(f"{path}: cannot read ({exc.strerror})") from None
-    return parse_json_bytes(raw, str(path))
+    finally:
+        os.close(fd)
+    return parse_json_bytes(b"".join(chunks), str(path))
 
 
 def parse_json_bytes(raw: bytes, source: str) -> Any:
-    """Parse UTF-8 JSON; reject NaN/Infinity, which JSON does not have."""
+    """Parse UTF-8 JSON; reject NaN/Infinity (also 1e400, which overflows to it) and nesting over MAX_DEPTH."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -68,12 +87,38 @@ def parse_json_bytes(raw: bytes, source: str) -> Any:
     def _no_constants(name: str) -> Any:
         raise ValueError(f"{name} is not valid JSON")
 
+    def _finite(text: str) -> float:
+        value = float(text)
+        if math.isinf(value):
+            raise ValueError(f"{text[:40]} is out of the range of a double")
+        return value
+
     try:
-        return json.loads(text, parse_constant=_no_constants)
+        doc = json.loads(text, parse_constant=_no_constants, parse_float=_finite)
     except json.JSONDecodeError as exc:
         raise BadInput(f"{source}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise BadInput(f"{source}: nested deeper than {MAX_DEPTH} levels; documents are shallow") from None
     except ValueError as exc:
         raise BadInput(f"{source}: malformed JSON: {exc}") from None
+    pointer = too_deep(doc)
+    if pointer is not None:
+        raise BadInput(f"{source}: {pointer[:200]}: nested deeper than {MAX_DEPTH} levels; documents are shallow")
+    return doc
+
+
+def too_deep(doc: Any, limit: int | None = None) -> str | None:
+    """The pointer of the first value nested deeper than ``limit`` (MAX_DEPTH), else None; iterative."""
+    limit = MAX_DEPTH if limit is None else limit
+    stack = [(doc, 0, "")]
+    while stack:
+        value, depth, pointer = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth >= limit:
+                return pointer or "/"
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            stack.extend((v, depth + 1, f"{pointer}/{k}") for k, v in items if isinstance(v, (dict, list)))
+    return None
 
 
 # --- schemas -----------------------------------------------------------------

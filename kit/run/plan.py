@@ -43,7 +43,7 @@ def default_run_id(arm: Arm, now: _dt.datetime | None = None) -> str:
 
 
 def check_run_id(run_id: str) -> str:
-    if not RUN_ID_RE.match(run_id) or len(run_id) > 128:
+    if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id) or len(run_id) > 128:
         raise BadInput(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 128)")
     return run_id
 
