@@ -115,7 +115,8 @@ def test_repeated_run_id_is_refused(tmp_path):
 def _validation_report(arm_name: str, engine_lines: list[str]) -> dict:
     """validation.json as kit run writes it: the real gate table applied to the engine's lines."""
     from kit.model.catalog import Catalog
-    from kit.gates.rules import RunEvidence, evaluate
+    from kit.gates.engine import evaluate
+    from kit.gates.rules import RunEvidence
 
     arm = Catalog.default().arm(arm_name).document
     report = evaluate(RunEvidence(arm=arm, job_status="SUCCEEDED", engine_lines=engine_lines), run_id="r1")

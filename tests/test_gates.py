@@ -11,7 +11,8 @@ import shlex
 import pytest
 
 from kit.model.catalog import Catalog
-from kit.gates.rules import GATE_SET_VERSION, GATES, RunEvidence, evaluate, is_command_echo
+from kit.gates.engine import GATE_SET_VERSION, GATES, evaluate
+from kit.gates.rules import RunEvidence, is_command_echo
 from kit.run.plan import resolve_plan
 
 STEPS = 3

@@ -73,7 +73,7 @@ def test_secrets_appear_in_no_file(strict_run):
 @pytest.mark.parametrize("mutation, named", [("flip", "/run.log"), ("delete", "/metrics.jsonl")])
 def test_tampering_is_named(strict_run, tmp_path, mutation, named):
     run_dir, _ = strict_run
-    copy = tmp_path / "copy"
+    copy = tmp_path / run_dir.name          # a copy keeps the run's name: the seal holds the run id
     shutil.copytree(run_dir, copy)
     if mutation == "flip":
         log = copy / "run.log"

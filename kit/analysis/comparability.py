@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+from kit.evidence.compare import gate_set_of
+
 CONTROLLED_LABEL = "controlled comparison"
 DESCRIPTIVE_LABEL = "descriptive, not causal"
 HEADLINE_REASONS = 3   # reasons a headline names before 'and N more'
@@ -93,11 +95,16 @@ def run_reasons(arm, who: str | None = None, shown: int = 3) -> tuple[str, ...]:
     return (f"{who}: kit verify {arm.run_dir} fails ({listed}): its manifest is not evidence",)
 
 
-def assess_pair(reference, other, compare: Callable | None = None, pooled: Sequence = ()) -> PairVerdict:
+def assess_pair(reference, other, compare: Callable | None = None, pooled: Sequence = (), *,
+                accept_gate_sets: bool = False) -> PairVerdict:
     """Verdict for two ArmLogs (anything with ``.name``, ``.manifest`` and ``.evidence_problems``).
 
     ``pooled`` are further runs summarised under either name (convergence): their evidence counts too."""
     reasons = [*run_reasons(reference), *run_reasons(other)]
+    gates = [gate_set_of(arm.run_dir) if getattr(arm, "run_dir", None) else None for arm in (reference, other)]
+    if None not in gates and gates[0] != gates[1] and not accept_gate_sets:
+        reasons.append(f"judged by different gate sets ({gates[0]} vs {gates[1]}): their verdicts are not comparable "
+                       "(--accept-gate-sets accepts it)")
     for run in pooled:  # runs that share a name are told apart by where they were read from
         reasons += run_reasons(run, f"{run.name} (pooled run {run.run_dir or run.log_path})")
     evidence = tuple(dict.fromkeys(reasons))
@@ -123,7 +130,8 @@ def assess_pair(reference, other, compare: Callable | None = None, pooled: Seque
     return PairVerdict(reference.name, other.name, False, (reason,) + evidence, paths)
 
 
-def assess(arms: Sequence, compare: Callable | None = None, pooled: Mapping[str, Sequence] | None = None) -> Comparability:
+def assess(arms: Sequence, compare: Callable | None = None, pooled: Mapping[str, Sequence] | None = None, *,
+           accept_gate_sets: bool = False) -> Comparability:
     """Each arm after the first against the first; one arm gives a non-applicable verdict.
 
     ``pooled`` maps an arm name to the other runs summarised under that name (kit analyze convergence)."""
@@ -132,5 +140,6 @@ def assess(arms: Sequence, compare: Callable | None = None, pooled: Mapping[str,
     pooled = pooled or {}
     ref = arms[0]
     return Comparability(tuple(
-        assess_pair(ref, other, compare, (*pooled.get(ref.name, ()), *pooled.get(other.name, ())))
+        assess_pair(ref, other, compare, (*pooled.get(ref.name, ()), *pooled.get(other.name, ())),
+                    accept_gate_sets=accept_gate_sets)
         for other in arms[1:]))

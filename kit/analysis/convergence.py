@@ -198,7 +198,7 @@ def summarize(rows: list[dict], phase: str, group: str, run_count: int) -> dict:
     }
 
 
-def analyze_convergence(arms, phase: str | None = None, compare=None) -> ConvergenceReport:
+def analyze_convergence(arms, phase: str | None = None, compare=None, *, accept_gate_sets: bool = False) -> ConvergenceReport:
     from kit.analysis.comparability import assess
     from kit.model.errors import BadInput
 
@@ -228,7 +228,7 @@ def analyze_convergence(arms, phase: str | None = None, compare=None) -> Converg
     for a in arms:
         if not any(a is f for f in firsts):
             pooled.setdefault(a.name, []).append(a)
-    verdict = assess(firsts, compare, pooled)
+    verdict = assess(firsts, compare, pooled, accept_gate_sets=accept_gate_sets)
     from kit import __version__
 
     summary = {

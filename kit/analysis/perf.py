@@ -195,7 +195,7 @@ SUMMARY_CSV_COLUMNS = (
 
 def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: int = BOOTSTRAP_DRAWS,
                  seed: int = BOOTSTRAP_SEED, scheme: str = "kit", length_lines: str = length_control.DEFAULT,
-                 gpus: int | None = None, compare=None) -> PerfReport:
+                 gpus: int | None = None, compare=None, accept_gate_sets: bool = False) -> PerfReport:
     """Everything ``kit analyze perf`` reports, as data. ``pairing`` is auto, paired or unpaired;
     ``scheme`` the bootstrap's (stats.SCHEMES); ``length_lines`` which length control leads (shared,
     per-arm; both are reported); ``gpus`` overrides each manifest's topology.gpus.
@@ -221,7 +221,7 @@ def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: in
         steps = "; ".join(f"{a.name}: {len(a.step_indices)} steps {a.step_indices[0]}..{a.step_indices[-1]}"
                           for a in arms)
         raise BadInput(f"--paired needs every arm to have the same step indices ({steps}); use --unpaired")
-    verdict = assess(arms, compare)
+    verdict = assess(arms, compare, accept_gate_sets=accept_gate_sets)
     resampler = Resampler(draws, seed, scheme)
 
     subsets = {}

@@ -114,8 +114,10 @@ def _options(fn):
 @click.option("--strict", is_flag=True,
               help="Exit 1 (after writing the report) unless the arms hold the same steps with every record parsed "
                    "and every logged metric present at each step.")
+@click.option("--accept-gate-sets", is_flag=True, help="Runs judged by different gate-set versions may still be a "
+              "controlled comparison (by default they are not).")
 def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, steady_from, draws, seed, scheme,
-         length_lines, gpus, strict):
+         length_lines, gpus, strict, accept_gate_sets):
     """Per-step stage decomposition, throughput, OLS and bootstrap CIs of arm differences.
 
     \b
@@ -141,7 +143,7 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
     arms = _load(runs, names, global_batch_size)
     pairing = "auto" if paired is None else ("paired" if paired else "unpaired")
     report = analyze_perf(arms, steady_from=steady_from, pairing=pairing, draws=draws, seed=seed, scheme=scheme,
-                          length_lines=length_lines, gpus=gpus)
+                          length_lines=length_lines, gpus=gpus, accept_gate_sets=accept_gate_sets)
     warnings = report.summary["alignment"]["warnings"]
 
     def produce(tmp: Path) -> list[str]:
@@ -242,7 +244,9 @@ def _length_text(s) -> list[str]:
 @click.argument("runs", nargs=-1, required=True, metavar="RUN...")
 @_options
 @click.option("--phase", default=None, help="Phase label for every run (default: name of the run's parent directory).")
-def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase):
+@click.option("--accept-gate-sets", is_flag=True, help="Runs judged by different gate-set versions may still be a "
+              "controlled comparison (by default they are not).")
+def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase, accept_gate_sets):
     """runs.csv, rounds.csv (29 columns), per-arm summaries and convergence figures.
 
     \b
@@ -260,7 +264,7 @@ def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase
     files = CONVERGENCE_FILES + (NOTES_FILE,) + _figure_files(CONVERGENCE_FIGURES, figures)
     refuse_existing(out_dir, files)
     arms = _load(runs, names, global_batch_size)
-    report = analyze_convergence(arms, phase)
+    report = analyze_convergence(arms, phase, accept_gate_sets=accept_gate_sets)
     comparison = report.summary["comparison"]
 
     def produce(tmp: Path) -> list[str]:

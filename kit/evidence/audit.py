@@ -20,7 +20,8 @@ from kit.evidence.bundle import (ID_REGISTRY, MANIFEST, SEAL, SEAL_TMP_PREFIX, S
 from kit.evidence.files import hash_bounded, walk_run_dir
 from kit.evidence.signing import UNSIGNED, dsse_envelope, load_public_key, policy_problems, seal_trust
 from kit.evidence.verify import FileVerdict
-from kit.model.documents import read_json_file, schema_problems, write_new_document
+from kit.model.documents import (MAX_DOCUMENT_BYTES, dumps_pretty, parse_json_bytes, read_json_file, schema_problems,
+                                 write_new_document)
 from kit.model.errors import BadInput, KitError
 
 IN_TOTO_STATEMENT = "https://in-toto.io/Statement/v1"
@@ -46,7 +47,7 @@ def verify_run_dir(path: Path, public_key: Path | None = None, in_toto_out: Path
                                      f"<workspace>/runs/<run-id> or lock files such as {run_dir}/*.json"))
         return verdict
     seal, problems = _read_seal(run_dir)
-    if seal is None:
+    if seal is None or problems and problems[0][1].startswith("its bytes"):
         verdict.status, verdict.problems = "fail", problems
         return verdict
     problems += _file_problems(run_dir, seal, verdict.notes)
@@ -84,12 +85,21 @@ def _read_seal(run_dir: Path) -> tuple[dict | None, list]:
         return None, [(f"/{SEAL}", f"cannot stat ({exc.strerror or exc})")]
     if not stat.S_ISREG(info.st_mode):
         return None, [(f"/{SEAL}", "not a regular file (a link, FIFO or device); a seal is never followed")]
+    if info.st_size > MAX_DOCUMENT_BYTES:
+        return None, [(f"/{SEAL}", f"{info.st_size} bytes, over the {MAX_DOCUMENT_BYTES >> 20} MiB a seal may have")]
     try:
-        seal = read_json_file(seal_path)
+        raw = _bounded_bytes(seal_path, MAX_DOCUMENT_BYTES + 1) or b""
+        seal = parse_json_bytes(raw, str(seal_path))
     except KitError as exc:
         return None, [(f"/{SEAL}", str(exc).split(": ", 1)[-1])]
     problems = [(f"/{SEAL}{p}", m) for p, m in schema_problems(seal, "seal")]
-    return (None, problems) if problems else (seal, [])
+    if problems:
+        return None, problems
+    if info.st_nlink > 1:
+        problems.append((f"/{SEAL}", f"has {info.st_nlink} hard links; a seal is one file of this tree"))
+    if seal["schema"] != "rlk-kit/seal/v1" and raw != dumps_pretty(seal).encode("utf-8"):
+        problems.append((f"/{SEAL}", "its bytes are not the form the kit writes (whitespace or key order changed): edited"))
+    return seal, problems
 
 
 def _file_problems(run_dir: Path, seal: dict, notes: list[str]) -> list[tuple[str, str]]:

@@ -296,17 +296,21 @@ def run_standing(run_dir: Path) -> dict | None:
                       "comparable evidence"}
 
 
+def gate_set_of(run_dir: Path) -> str | None:
+    """The gate-set version a sealed run was judged by (its seal's), or None when unsealed or unreadable."""
+    try:
+        seal = read_json_file(Path(run_dir) / E.SEAL)
+    except KitError:
+        return None
+    version = seal.get("gate_set_version") if isinstance(seal, dict) else None
+    return version if isinstance(version, str) else None
+
+
 def run_evidence(run_dir: Path, *, public_key: Path | None = None, require_signature: bool = False) -> dict:
     """``kit verify`` of one run dir, now: every artifact re-hashed, the seal cross-checked, its trust level."""
     verdict = verify_run_dir(Path(run_dir), public_key, require_signature=require_signature or public_key is not None)
-    gate_set = None
-    try:
-        seal = read_json_file(Path(run_dir) / E.SEAL)
-        gate_set = seal.get("gate_set_version") if isinstance(seal, dict) else None
-    except KitError:
-        pass
     return {"run": str(run_dir), "verified": verdict.status == "ok", "trust": verdict.trust or "unsigned",
-            "gate_set_version": gate_set if isinstance(gate_set, str) else None,
+            "gate_set_version": gate_set_of(run_dir),
             "problems": [f"{p or '/'}: {m}" for p, m in verdict.problems]}
 
 

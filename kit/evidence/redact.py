@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from kit.evidence.environment import is_recorded, recorded_secrets
+
 SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 REDACTED = "<redacted>"
 # Shorter values are not scrubbed from free text: replacing "1" or "yes" everywhere would destroy
@@ -53,6 +55,14 @@ class Redactor:
     """Scrubs known secret values from text and from JSON-like documents."""
 
     secrets: tuple[tuple[str, str], ...] = ()   # (name, value), longest value first
+
+    @classmethod
+    def from_recorded(cls, env_host: Mapping[str, str], env_job: Mapping[str, str]) -> "Redactor":
+        """Scrubs only the secrets among the variables a run records (:mod:`kit.evidence.environment`):
+        an unrecorded variable (``AUTH_MODE=succeeded``) never rewrites anything."""
+        recorded = recorded_secrets(env_host, env_job)
+        urls = {k: v for k, v in (*env_host.items(), *env_job.items()) if isinstance(v, str) and is_recorded(k)}
+        return cls.from_env(recorded, urls)
 
     @classmethod
     def from_env(cls, *envs: Mapping[str, str]) -> "Redactor":

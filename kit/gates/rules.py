@@ -1,31 +1,26 @@
-"""Run gates as data: a table of gates (id, message, when it applies, the check) and a small engine.
+"""The checks behind the gates, by rule kind, and the conditions under which a gate applies.
 
-The same table validates smoke runs and VIME runs. Text gates read only the engine's own output
-(the job log lines), never lines the kit wrote (its header, the echoed command), and CUDA-graph
-evidence is taken only from the engine's configuration echo, never from the launcher's marker
-or the command line, which carry the same strings whether or not vLLM captured a graph
-(reference §12 item 6). The report records ``GATE_SET_VERSION``; any change to a gate's meaning
-bumps it, so two "passed" verdicts are comparable only under the same version. Example::
+Which gates a run is judged by, with what parameters, is data: ``kit/gates/sets/*.json``, applied
+by :mod:`kit.gates.engine`. Here each rule kind is a function ``(evidence, parameters) -> problems``.
+Text rules read only the engine's own output (the job log lines), never lines the kit wrote (its
+header, the echoed command), and CUDA-graph evidence is taken only from the engine's configuration
+echo, never from the launcher's marker or the command line, which carry the same strings whether or
+not vLLM captured a graph (reference §12 item 6). Example::
 
     evidence = RunEvidence(arm=arm_doc, job_status="SUCCEEDED", engine_lines=log_lines)
-    report = evaluate(evidence, run_id="r1")
-    report["passed"], [g["id"] for g in report["gates"] if g["status"] == "failed"]
+    RULES["log-absent"](evidence, {"text": "Traceback", "max_hits": 10})     # [] when absent
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from typing import Callable
 
-from kit.model.documents import schema_id
 from kit.engines.vime.records import ANSI_RE, Record, RecordConflict, collect_steps, parse_records
 
-# 2: steps-once refuses repeated record lines; rr-bitwise-zero needs compared tokens (numel > 0)
-GATE_SET_VERSION = "rlk-kit-gates/2"
-REPORT_SCHEMA = schema_id("validation-report")
 
 MISMATCH_KEY = "train/train_current_rollout_logprob_mismatch_count"
 MAX_DIFF_KEY = "train/train_current_rollout_logprob_max_abs_diff"
@@ -35,9 +30,6 @@ MODULES = ("attention", "ffn", "logp")
 SIDES = (("megatron", "training", 0), ("vllm", "rollout", 1))   # framework, target, index of the case letter
 SMOKE_MODEL_RE = re.compile(r"smoke model \S+: config_sha256=([0-9a-f]{64}) weights_sha256=([0-9a-f]{64})")
 
-TRACEBACK = "Traceback (most recent call last)"
-OOM_RE = re.compile(r"out of memory|OutOfMemoryError|\boom[- ]?kill", re.IGNORECASE)
-FALLBACK_RE = re.compile(r"fallback=true", re.IGNORECASE)
 ROUTE_RE = re.compile(r"\[RL-Kernel\]\[route\]\s+framework=(\S+)\s+target=(\S+)\s+module=(\S+)\s+"
                       r"requested=(\S+)\s+actual=(\S+)\s+fallback=(\S+)")
 # vLLM's config echo: ``cudagraph_mode=<CUDAGraphMode.FULL_DECODE_ONLY: 2>`` or
@@ -96,19 +88,11 @@ class RunEvidence:
         return out
 
 
-@dataclass(frozen=True)
-class Gate:
-    id: str
-    message: str                                   # what passing means, in one line
-    check: Callable[[RunEvidence], list[str]]      # the problems found; [] passes
-    applies: Callable[[RunEvidence], bool] = field(default=lambda ev: True)
-    applies_when: str = "always"
-
-
 # --- checks -------------------------------------------------------------------------------------
 
-def _job_succeeded(ev: RunEvidence) -> list[str]:
-    return [] if ev.job_status == "SUCCEEDED" else [f"job status is {ev.job_status or 'missing'}, expected SUCCEEDED"]
+def _job_status(ev: RunEvidence, p: dict) -> list[str]:
+    want = p["expected"]
+    return [] if ev.job_status == want else [f"job status is {ev.job_status or 'missing'}, expected {want}"]
 
 
 def _train_steps(ev: RunEvidence):
@@ -122,7 +106,7 @@ SLOT_LABELS = {"rollout": "rollout", "train": "step", "perf_rollout": "perf (rol
                "perf_train": "perf (train side)"}
 
 
-def _steps_once(ev: RunEvidence) -> list[str]:
+def _steps_once(ev: RunEvidence, p: dict) -> list[str]:
     train, problems = _train_steps(ev)
     if problems:
         return problems
@@ -140,10 +124,14 @@ def _steps_once(ev: RunEvidence) -> list[str]:
             lines = [rec.line_numbers[slot], *again]
             out.append(f"step {step}: the {SLOT_LABELS[slot]} record appears {len(lines)} times, on job log lines "
                        f"{', '.join(map(str, lines[:-1]))} and {lines[-1]}; each step's records are printed once")
-    return out[:20] + ([f"... and {len(out) - 20} more"] if len(out) > 20 else [])
+    return _capped(out, p["max_problems"])
 
 
-def _rr_zero(ev: RunEvidence) -> list[str]:
+def _capped(out: list[str], most: int) -> list[str]:
+    return out[:most] + ([f"... and {len(out) - most} more"] if len(out) > most else [])
+
+
+def _bitwise_zero(ev: RunEvidence, p: dict) -> list[str]:
     train, problems = _train_steps(ev)
     if problems:
         return problems
@@ -154,24 +142,25 @@ def _rr_zero(ev: RunEvidence) -> list[str]:
         numel = payload.get(NUMEL_KEY)
         if NUMEL_KEY not in payload:
             out.append(f"step {step}: {NUMEL_KEY} is missing; the gate needs the compared-token count, > 0")
-        elif not _number(numel) or not math.isfinite(numel) or numel <= 0:
+        elif not _number(numel) or not math.isfinite(numel) or numel < max(p["min_numel"], 1e-300):
             out.append(f"step {step}: {NUMEL_KEY} = {numel!r}; the gate needs a finite compared-token count > 0")
         for key in (MISMATCH_KEY, MAX_DIFF_KEY):
             value = payload.get(key)
             if key not in payload:
                 out.append(f"step {step}: {key} is missing")
-            elif not _number(value) or value != 0:
-                out.append(f"step {step}: {key} = {value!r}, an R/R arm needs exactly 0")
-    return out[:20] + ([f"... and {len(out) - 20} more"] if len(out) > 20 else [])
+            elif not _number(value) or not math.isfinite(value) or abs(value) > p["tolerance"]:
+                need = "exactly 0" if p["tolerance"] == 0 else f"at most {p['tolerance']}"
+                out.append(f"step {step}: {key} = {value!r}, an R/R arm needs {need}")
+    return _capped(out, p["max_problems"])
 
 
-def _finite(ev: RunEvidence) -> list[str]:
+def _finite(ev: RunEvidence, p: dict) -> list[str]:
     out = []
     for rec in ev.records:
         for key, value in _leaves(rec.payload):
             if isinstance(value, float) and not math.isfinite(value):
                 out.append(f"line {rec.line_number}: {rec.kind} {rec.step} {key} is {value!r}")
-    return out[:20] + ([f"... and {len(out) - 20} more"] if len(out) > 20 else [])
+    return _capped(out, p["max_problems"])
 
 
 def _leaves(value, prefix=""):
@@ -185,15 +174,20 @@ def _leaves(value, prefix=""):
         yield prefix, value
 
 
-def _scan(pattern) -> Callable[[RunEvidence], list[str]]:
-    def check(ev: RunEvidence) -> list[str]:
-        hits = []
-        for number, line in enumerate(ev.lines, start=1):
-            found = (pattern in line) if isinstance(pattern, str) else pattern.search(line)
-            if found:
-                hits.append(f"job log line {number}: {line.strip()[:200]}")
-        return hits[:10] + ([f"... and {len(hits) - 10} more"] if len(hits) > 10 else [])
-    return check
+@lru_cache(maxsize=64)
+def _compiled(regex: str, ignore_case: bool) -> re.Pattern:
+    return re.compile(regex, re.IGNORECASE if ignore_case else 0)
+
+
+def _log_absent(ev: RunEvidence, p: dict) -> list[str]:
+    """No job log line holds ``text`` (literally) or matches ``regex``."""
+    pattern = p["text"] if "text" in p else _compiled(p["regex"], bool(p.get("ignore_case")))
+    hits = []
+    for number, line in enumerate(ev.lines, start=1):
+        found = (pattern in line) if isinstance(pattern, str) else pattern.search(line)
+        if found:
+            hits.append(f"job log line {number}: {line.strip()[:200]}")
+    return _capped(hits, p["max_hits"])
 
 
 def is_command_echo(line: str) -> bool:
@@ -201,12 +195,13 @@ def is_command_echo(line: str) -> bool:
     return any(m in line for m in COMMAND_ECHO_MARKERS) or bool(COMMAND_ECHO_RE.search(line))
 
 
-def _cuda_graph(ev: RunEvidence) -> list[str]:
+def _cuda_graph(ev: RunEvidence, p: dict) -> list[str]:
     expected = sorted(ev.arm["graph"]["capture_sizes"])
     engine = [line for line in ev.lines if not is_command_echo(line)]
+    mode_re = _compiled(ENGINE_GRAPH_MODE_RE.pattern.replace("FULL_DECODE_ONLY", re.escape(p["graph_mode"])), False)
     out = []
-    if not any(ENGINE_GRAPH_MODE_RE.search(line) for line in engine):
-        out.append("no engine configuration line shows cudagraph_mode FULL_DECODE_ONLY")
+    if not any(mode_re.search(line) for line in engine):
+        out.append(f"no engine configuration line shows cudagraph_mode {p['graph_mode']}")
     if not any("enforce_eager=False" in line for line in engine):
         out.append("no engine configuration line shows enforce_eager=False")
     sizes_seen = []
@@ -223,7 +218,7 @@ def _expected_side(case: str, index: int) -> str:
     return "rl_kernel" if case.split("/")[index] == "R" else "production"
 
 
-def _routes(ev: RunEvidence) -> list[str]:
+def _routes(ev: RunEvidence, p: dict) -> list[str]:
     out = []
     by_key = {}
     for route in ev.routes:   # the side is the target (training/rollout), whatever the framework is called
@@ -247,7 +242,7 @@ def _routes(ev: RunEvidence) -> list[str]:
     return out
 
 
-def _readbacks(ev: RunEvidence) -> list[str]:
+def _readbacks(ev: RunEvidence, p: dict) -> list[str]:
     """Reference §3.2 G2 over ``readbacks/*.json``: each side installed, called and on the arm's case."""
     out = []
     for framework, target, index in SIDES:
@@ -286,7 +281,7 @@ def _readbacks(ev: RunEvidence) -> list[str]:
     return out
 
 
-def _model_identity(ev: RunEvidence) -> list[str]:
+def _model_identity(ev: RunEvidence, p: dict) -> list[str]:
     model = (ev.inputs or {}).get("model") or {}
     reported = [m.groups() for m in map(SMOKE_MODEL_RE.search, ev.lines) if m]
     if not reported:
@@ -315,54 +310,24 @@ def _graph_required(ev: RunEvidence) -> bool:
     return ev.arm["engine"] == "vime" and ev.arm["graph"]["mode"] != "NONE"
 
 
-# --- the table ------------------------------------------------------------------------------------
+# --- the registry: rule kinds and conditions a gate set may name -------------------------------------
 
-GATES: tuple[Gate, ...] = (
-    Gate("job-succeeded", "the job reached the terminal state SUCCEEDED", _job_succeeded),
-    Gate("steps-once", "steps 0..N-1 each have exactly one train record, and no record line of a step is printed twice",
-         _steps_once),
-    Gate("rr-bitwise-zero", "R/R arm: on every step, compared tokens (numel) > 0, mismatch count 0 and max |Δlogp| 0",
-         _rr_zero,
-         lambda ev: ev.all_strict, "every operator is R/R"),
-    Gate("finite-metrics", "no metric in any rollout/step/perf record is inf or nan", _finite),
-    Gate("no-traceback", f"the engine printed no {TRACEBACK!r}", _scan(TRACEBACK)),
-    Gate("no-oom", "the engine reported no out-of-memory", _scan(OOM_RE)),
-    Gate("no-fallback", "the engine printed no fallback=true", _scan(FALLBACK_RE)),
-    Gate("cuda-graph-engine", "vLLM's own configuration echo shows FULL_DECODE_ONLY graphs, enforce_eager=False and the arm's capture sizes",
-         _cuda_graph, _graph_required, "vime arm with graph mode other than NONE"),
-    Gate("operator-routes", "every [RL-Kernel][route] line requests the side the arm's case names, without fallback",
-         _routes, lambda ev: ev.arm["engine"] == "smoke" or bool(ev.routes), "smoke arm, or the run printed route lines"),
-    Gate("model-identity", "the model config and initial weights the engine reports are the ones the manifest records",
-         _model_identity, lambda ev: ev.arm["engine"] == "smoke" and bool((ev.inputs or {}).get("model")),
-         "smoke arm whose manifest records the model hashes"),
-    Gate("operator-readbacks", "readbacks show every module installed, called and on the arm's case (reference §3.2 G2)",
-         _readbacks, lambda ev: bool(ev.readbacks), "the run wrote readbacks/*.json"),
-)
+RULES: dict[str, Callable[[RunEvidence, dict], list[str]]] = {
+    "job-status": _job_status, "steps-once": _steps_once, "bitwise-zero": _bitwise_zero, "finite-metrics": _finite,
+    "log-absent": _log_absent, "cuda-graph-engine": _cuda_graph, "operator-routes": _routes,
+    "model-identity": _model_identity, "operator-readbacks": _readbacks,
+}
 
-
-def evaluate(ev: RunEvidence, *, run_id: str, gates: tuple[Gate, ...] = GATES) -> dict:
-    """Apply every gate; the report (validation-report/v1) lists each with its status and problems."""
-    results = []
-    for gate in gates:
-        if not gate.applies(ev):
-            results.append({"id": gate.id, "message": gate.message, "status": "not_applicable",
-                            "applies_when": gate.applies_when, "problems": []})
-            continue
-        try:
-            problems = gate.check(ev)
-        except Exception as exc:  # a gate that cannot read its evidence fails; it never passes silently
-            problems = [f"{type(exc).__name__}: {exc}"]
-        results.append({"id": gate.id, "message": gate.message, "status": "failed" if problems else "passed",
-                        "applies_when": gate.applies_when, "problems": [str(p) for p in problems]})
-    return {
-        "schema": REPORT_SCHEMA,
-        "gate_set_version": GATE_SET_VERSION,
-        "run_id": run_id,
-        "arm": ev.arm["name"],
-        "passed": all(r["status"] != "failed" for r in results),
-        "gates": results,
-        "summary": summarize(ev),
-    }
+CONDITIONS: dict[str, tuple[Callable[[RunEvidence], bool], str]] = {
+    "always": (lambda ev: True, "always"),
+    "all-operators-strict": (lambda ev: ev.all_strict, "every operator is R/R"),
+    "graph-captured": (_graph_required, "vime arm with graph mode other than NONE"),
+    "routes-required-or-printed": (lambda ev: ev.arm["engine"] == "smoke" or bool(ev.routes),
+                                   "smoke arm, or the run printed route lines"),
+    "model-identity-in-log": (lambda ev: ev.arm["engine"] == "smoke" and bool((ev.inputs or {}).get("model")),
+                              "smoke arm whose manifest records the model hashes"),
+    "readbacks-written": (lambda ev: bool(ev.readbacks), "the run wrote readbacks/*.json"),
+}
 
 
 REWARD_KEYS = ("rollout/raw_reward", "rollout/rewards")

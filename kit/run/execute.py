@@ -26,8 +26,10 @@ from typing import Callable, TextIO
 from kit.evidence import bundle as E
 from kit.model.documents import require_valid, schema_id, sha256_of_document, sha256_of_file
 from kit.model.errors import BadInput, CheckFailed, KitError
-from kit.gates.rules import GATE_SET_VERSION, MISMATCH_KEY, RunEvidence, evaluate, mismatch_count, step_global_batch_size
-from kit.evidence.redact import Redactor, is_secret_name, redact_env
+from kit.gates.engine import GATE_SET_VERSION, evaluate
+from kit.gates.rules import MISMATCH_KEY, RunEvidence, mismatch_count, step_global_batch_size
+from kit.evidence.environment import record_host, record_job, secret_names
+from kit.evidence.redact import Redactor
 from kit.engines import gpu as gpu_engine
 from kit.engines.vime.records import parse_records
 from kit.run.monitors import Monitors
@@ -216,12 +218,12 @@ def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job
                    submits_ray_job: bool) -> dict:
     from kit import __version__
 
-    redacted = sorted({k for k in (*env_job, *env_host) if is_secret_name(k)})
+    redacted = secret_names(env_job, env_host)
     ray_job = dict(plan["ray_job"])
     ray_job["metadata"] = dict(ray_job["metadata"], manifest_sha256="<the sha256 of this manifest.json>",
                                image_id=(described.get("image") or {}).get("id") or "none")
     ray_job["entrypoint"] = shlex.join(argv)
-    ray_job["runtime_env"] = {**ray_job["runtime_env"], "env_vars": redact_env(env_job)}
+    ray_job["runtime_env"] = {**ray_job["runtime_env"], "env_vars": record_job(env_job)}
     return {
         "schema": schema_id("run-manifest"),
         "run_id": plan["run_id"],
@@ -241,7 +243,7 @@ def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job
                      "entrypoint_appended": plan["command"]["entrypoint_appended"],
                      "ray_start": (described.get("ray_cluster") or {}).get("start_command")},
         "ray_job": ray_job if submits_ray_job else None,   # in-process local runs have no job
-        "environment": {"job": redact_env(env_job), "host": redact_env(env_host), "redacted_names": redacted},
+        "environment": {"job": record_job(env_job), "host": record_host(env_host), "redacted_names": redacted},
         "inputs": inputs,
         "repository": {"allow_dirty": allow_dirty, "state": repository},
         "topology": plan["topology"],
@@ -466,7 +468,7 @@ class _RunLogs:
         self.log(text)
 
     def emit(self, line: str) -> None:
-        line = self.redactor.text(line.rstrip("\n"))
+        line = line.rstrip("\n")            # the engine's output, byte for byte: redaction never rewrites it
         self.engine_lines.append(line)
         self.run_log.write(line + "\n")
         self.run_log.flush()
@@ -494,7 +496,7 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
     argv = runtime.job_argv(plan, str(run_dir))
     env_job = dict(plan["ray_job"]["runtime_env"]["env_vars"])
     env_host = dict(os.environ)
-    redactor = Redactor.from_env(env_host, env_job)
+    redactor = Redactor.from_recorded(env_host, env_job)
     if arm_doc["engine"] == "smoke":
         inputs = smoke_inputs(arm_doc)
     elif arm_doc["engine"] == "gpu":
@@ -686,7 +688,7 @@ def attach(run_dir: Path, *, sign_key: Path | None = None, progress: TextIO | No
         raw.seek(len(header))
         raw.truncate()
         run_log = io.TextIOWrapper(raw, encoding="utf-8")
-        logs = _RunLogs(run_dir, Redactor.from_env(dict(os.environ)),
+        logs = _RunLogs(run_dir, Redactor.from_recorded(dict(os.environ), {}),
                         Progress(int(arm_doc["workload"]["rollouts"]), progress, arm_doc), log,
                         run_log=run_log, kit_log_mode="a")
         status, job_status, message = "failed", None, ""
@@ -764,7 +766,7 @@ def dry_run_document(request: RunRequest, plan: dict) -> dict:
             "run_id": plan["run_id"], "arm": plan["arm"]["name"], "arm_sha256": sha256_of_document(plan["arm"]),
             "stack": {"name": request.arm.stack.name, "sha256": request.arm.stack.sha256},
             "commands": {"train": plan["command"]["argv"], "entrypoint_appended": plan["command"]["entrypoint_appended"]},
-            "environment": {"job": redact_env(env_job)},
+            "environment": {"job": record_job(env_job)},
             "input_mounts": (input_mounts(vime_input_files(request)) if request.arm.engine == "vime" and
                              _inputs_given(request) else None),
             "determined_at_run_time": ["observed_identity", "image", "host", "gpus", "ray_cluster", "inputs",
