@@ -27,7 +27,9 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=16)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    from conftest import seal_test_run
     from kit.evidence import bundle as E
+    from kit.evidence.audit import verify_run_dir
     from test_evidence import minimal_manifest
 
     total = int(args.gib * (1 << 30))
@@ -48,10 +50,10 @@ def main() -> None:
         subprocess.run(["sha256sum", *files], stdout=subprocess.DEVNULL, check=True)
         sha256sum_s = time.perf_counter() - t
         t = time.perf_counter()
-        E.seal_run_dir(run_dir, run_id="bench", validation_passed=True, gate_set_version="bench")
+        seal_test_run(run_dir, "bench", gate_set_version="bench")
         seal_s = time.perf_counter() - t
         t = time.perf_counter()
-        verdict = E.verify_run_dir(run_dir)
+        verdict = verify_run_dir(run_dir)
         verify_s = time.perf_counter() - t
         assert verdict.status == "ok", verdict.problems
     mb = size / 1e6

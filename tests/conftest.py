@@ -30,6 +30,16 @@ def seal_test_run(run_dir: Path, run_id: str, *, validation_passed: bool = True,
     """Seal a run dir as kit run does: validation.json and status.json (unless written), then the seal."""
     from kit.evidence import bundle as E
 
+    finish_test_run(run_dir, run_id, validation_passed=validation_passed, gate_set_version=gate_set_version, arm=arm)
+    return E.seal_run_dir(run_dir, run_id=run_id, validation_passed=validation_passed,
+                          gate_set_version=gate_set_version, sign_key=sign_key)
+
+
+def finish_test_run(run_dir: Path, run_id: str, *, validation_passed: bool = True, gate_set_version: str = "g/1",
+                    arm: str = "smoke") -> None:
+    """validation.json and status.json of a run that succeeded (each unless already written)."""
+    from kit.evidence import bundle as E
+
     if not (run_dir / E.VALIDATION).exists():
         summary = dict.fromkeys(("last_reward", "mismatch_count_total", "mismatch_count_last", "max_abs_dlogp",
                                  "mean_step_time_s")) | {"steps_expected": 0, "steps_observed": 0}
@@ -41,8 +51,6 @@ def seal_test_run(run_dir: Path, run_id: str, *, validation_passed: bool = True,
                                              "job_status": "SUCCEEDED", "submission_id": "", "message": "",
                                              "finished_at": "2026-12-02T00:00:00.000000Z",
                                              "timing": {"total_s": 1.0, "workload_s": 1.0, "kit_s": 0.0}, "job_info": {}})
-    return E.seal_run_dir(run_dir, run_id=run_id, validation_passed=validation_passed,
-                          gate_set_version=gate_set_version, sign_key=sign_key)
 
 
 def run_manifest(arm_name: str, run_id: str, **workload) -> dict:

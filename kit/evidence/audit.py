@@ -13,9 +13,10 @@ Example::
 from __future__ import annotations
 
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kit.evidence.bundle import (ID_REGISTRY, MANIFEST, SEAL, SEAL_TMP_PREFIX, STATUS, VALIDATION, root_sha256,
+from kit.evidence.bundle import (HASH_WORKERS, ID_REGISTRY, MANIFEST, SEAL, SEAL_TMP_PREFIX, STATUS, VALIDATION, root_sha256,
                                  seal_sha256, status_of)
 from kit.evidence.files import hash_bounded, walk_run_dir
 from kit.evidence.signing import UNSIGNED, dsse_envelope, load_public_key, policy_problems, seal_trust
@@ -47,7 +48,7 @@ def verify_run_dir(path: Path, public_key: Path | None = None, in_toto_out: Path
                                      f"<workspace>/runs/<run-id> or lock files such as {run_dir}/*.json"))
         return verdict
     seal, problems = _read_seal(run_dir)
-    if seal is None or problems and problems[0][1].startswith("its bytes"):
+    if seal is None:
         verdict.status, verdict.problems = "fail", problems
         return verdict
     problems += _file_problems(run_dir, seal, verdict.notes)
@@ -108,6 +109,7 @@ def _file_problems(run_dir: Path, seal: dict, notes: list[str]) -> list[tuple[st
     for rel, why in sorted(listing.refused.items()):
         problems.append((f"/{rel}", why))
     listed = {a["path"]: a for a in seal["artifacts"]}
+    hashed = _hash_present(run_dir, listed, listing.files)
     for rel, art in sorted(listed.items()):
         entry = listing.files.get(rel)
         if entry is None:
@@ -117,11 +119,10 @@ def _file_problems(run_dir: Path, seal: dict, notes: list[str]) -> list[tuple[st
         if entry.size != art["size"]:
             problems.append((f"/{rel}", f"changed: {entry.size} bytes, sealed {art['size']}"))
             continue
-        try:
-            digest, size, over = hash_bounded(run_dir, rel, limit=art["size"], expect=entry)
-        except OSError as exc:
-            problems.append((f"/{rel}", f"cannot read as a regular file ({exc.strerror or exc})"))
+        if isinstance(hashed[rel], OSError):
+            problems.append((f"/{rel}", f"cannot read as a regular file ({hashed[rel].strerror or hashed[rel]})"))
             continue
+        digest, size, over = hashed[rel]
         if over or size != art["size"]:
             problems.append((f"/{rel}", f"changed while verified: {size}{'+' if over else ''} bytes, sealed {art['size']}"))
         elif digest != art["sha256"]:
@@ -148,6 +149,20 @@ def _file_problems(run_dir: Path, seal: dict, notes: list[str]) -> list[tuple[st
         if rel not in needed_dirs:
             problems.append((f"/{rel}", "extra directory: holds no sealed file (added after sealing)"))
     return problems
+
+
+def _hash_present(run_dir: Path, listed: dict, files: dict) -> dict:
+    """``{path: (sha256, size, over) | OSError}`` for listed files of the sealed size, hashed in parallel
+    (hashlib releases the GIL), each read bounded by its sealed size."""
+    todo = [rel for rel, art in listed.items() if rel in files and files[rel].size == art["size"]]
+
+    def one(rel):
+        try:
+            return hash_bounded(run_dir, rel, limit=listed[rel]["size"], expect=files[rel])
+        except OSError as exc:
+            return exc
+    with ThreadPoolExecutor(max_workers=min(HASH_WORKERS, max(1, len(todo)))) as pool:
+        return dict(zip(todo, pool.map(one, todo)))
 
 
 def _bounded_bytes(path: Path, limit: int = 16 << 20) -> bytes | None:

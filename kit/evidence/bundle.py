@@ -113,6 +113,7 @@ def create_run_dir(workspace: Path, run_id: str) -> Path:
     check_run_id(run_id)
     runs = workspace / RUNS_DIR
     with _registry_lock(runs):
+        clean_stale_seal_temps(runs)
         used = run_id_in_use(workspace, run_id)
         if used:
             raise BadInput(f"--run-id {run_id}: already used in this workspace ({used}); run ids are never reused, "

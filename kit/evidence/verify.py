@@ -48,7 +48,7 @@ def verify_document_file(path: Path) -> FileVerdict:
         return verdict
     schema = doc.get("schema") if isinstance(doc, dict) else None
     if not isinstance(schema, str) or not schema.startswith("rlk-kit/"):
-        verdict.status = "unreadable"
+        verdict.status = "fail"
         verdict.problems = [("/schema" if isinstance(doc, dict) else "", "not a kit document (no \"schema\": "
                              "\"rlk-kit/<name>/v<N>\"); kit verify checks stacks, arms, matrices and run dirs")]
         return verdict

@@ -37,6 +37,19 @@ def ray_start_command(temp_dir: str, dashboard_port: int, num_cpus: int) -> list
             f"--metrics-export-port={free_port()}", "--disable-usage-stats"]
 
 
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def local_no_proxy(env: dict) -> dict:
+    """``env`` with the local head's addresses in NO_PROXY/no_proxy, so an HTTP(S)_PROXY never carries
+    traffic to it: ``local_no_proxy({"NO_PROXY": "corp"})["NO_PROXY"] == "corp,127.0.0.1,localhost,::1"``."""
+    out = dict(env)
+    for name in ("NO_PROXY", "no_proxy"):
+        have = [h for h in (out.get(name) or "").split(",") if h.strip()]
+        out[name] = ",".join(have + [h for h in LOCAL_HOSTS if h not in have])
+    return out
+
+
 class LocalRayRuntime(RayRuntime):
     kind = "local"
 
@@ -53,8 +66,10 @@ class LocalRayRuntime(RayRuntime):
         self.differences: list = []
 
     def preflight(self) -> None:
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": self.temp_dir, "RAY_TMPDIR": self.temp_dir}
+        env = local_no_proxy({**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": self.temp_dir,
+                              "RAY_TMPDIR": self.temp_dir})
         env.pop("RAY_ADDRESS", None)
+        os.environ.update({k: env[k] for k in ("NO_PROXY", "no_proxy")})   # the kit's own calls to the head too
         head_log = Path(self.temp_dir) / "kit-ray-head.log"
         with open(head_log, "wb") as out:
             self.head = subprocess.Popen(self.start_command, env=env, start_new_session=True,
