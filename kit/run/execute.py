@@ -452,8 +452,8 @@ def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callabl
 
 
 class _RunLogs:
-    """The open logs of one run dir: kit.log (the kit's events) and run.log (the job's own lines, each
-    redacted, parsed for the progress display and kept for the gates)."""
+    """The open logs of one run dir: kit.log (the kit's events, recorded secrets redacted) and run.log (the
+    job's own lines as the engine wrote them, parsed for the progress display and kept for the gates)."""
 
     def __init__(self, run_dir: Path, redactor: Redactor, bar: "Progress", log: Callable[[str], None], *,
                  run_log: TextIO, kit_log_mode: str = "x"):
