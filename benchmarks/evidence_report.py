@@ -43,8 +43,9 @@ def main() -> None:
         tamper = json.loads(Path(figures, "tamper.json").read_text()) if Path(figures, "tamper.json").exists() else {}
     passed = re.search(r"(\d+) passed", proc.stdout)
     failed = re.search(r"(\d+) failed", proc.stdout)
-    fuzz = [int(n) for n in re.findall(r"- during generate phase .*?: (\d+) passing examples", proc.stdout)]
-    fuzz_failing = sum(int(n) for n in re.findall(r"passing examples, (\d+) failing examples", proc.stdout))
+    counts = re.findall(r"- (\d+) passing examples, (\d+) failing examples", proc.stdout)
+    fuzz = [int(ok) for ok, _ in counts]
+    fuzz_failing = sum(int(bad) for _, bad in counts)
     now = {
         "tamper cases": tamper.get("cases"), "tamper detected": tamper.get("detected"),
         "tamper reported unsigned (whole seal recomputed, no key)": tamper.get("reported_unsigned"),
