@@ -317,7 +317,7 @@ def run_evidence(run_dir: Path, *, public_key: Path | None = None, require_signa
 def gate_set_difference(evidence: tuple[dict, dict], accept: bool) -> Difference | None:
     """Two verdicts are comparable only under one gate set; a different one is uncontrolled unless accepted."""
     ga, gb = (e["gate_set_version"] for e in evidence)
-    if ga == gb:
+    if None in (ga, gb) or ga == gb:       # an unsealed run is already not comparable, for its standing
         return None
     return Difference(GATE_SET_PATH, ga, gb, DECLARED if accept else UNCONTROLLED)
 
