@@ -128,6 +128,8 @@ def up(arm, *, nodes: int, workspace: Path, image: str | None = None, worker_ima
             command = ray_start_command(role, ident, head_name)
             kwargs = dict(image=img.id, entrypoint=command[:1], command=command[1:], detach=True, name=name,
                           hostname=name, network=prefix, labels=labels,
+                          # a raylet that does not register within Ray's fixed 30 s (a loaded host) exits 1: start it again
+                          restart_policy={"Name": "on-failure", "MaximumRetryCount": 3},
                           environment={"HOME": "/tmp", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": RAY_TMP,
                                        NI.ENV: json.dumps(ident, sort_keys=True)},
                           **_container_options(arm.platform))

@@ -103,7 +103,7 @@ class LocalRayRuntime(RayRuntime):
 
     def job_argv(self, plan: dict, host_run_dir: str) -> list[str]:
         argv = super().job_argv(plan, host_run_dir)
-        return [sys.executable, *argv[1:], "--ray"]
+        return [sys.executable, *argv[1:]]
 
     def close(self) -> None:
         super().close()

@@ -145,6 +145,8 @@ class RayRuntime(RayJobRuntime):
             argv[argv.index("--arm-file") + 1] = "arm.json"
             self._staging = tempfile.mkdtemp(prefix="rlk-job-")
             shutil.copy(Path(host_run_dir) / "arm.json", Path(self._staging) / "arm.json")
+        if self.arm.engine == "smoke" and "--ray" not in argv:
+            argv.append("--ray")   # rollout and trainer as actors of the cluster, on different nodes when it has several
         return argv
 
     def actor_check(self) -> dict | None:
