@@ -22,13 +22,19 @@ def default_workspace() -> Path:
 @click.option("--stack", "stack_name", help="Build this stack (e.g. vime-g11).")
 @click.option("--source", "sources", multiple=True, metavar="NAME=PATH",
               help="Take a source from a local checkout or bare repository; its HEAD must be the pin.")
+@click.option("--sources", "sources_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Local source cache (git archive tarballs NAME-*.tar.gz or checkouts NAME/; default $KIT_SOURCES): "
+                   "every source's commit and tree is checked there before anything is built.")
 @click.option("--no-cache", is_flag=True, help="Ignore the engine's build cache.")
 @click.option("--dry-run", is_flag=True,
               help="Print the plan (Dockerfile, build args, labels, context); no engine. Exit 1 if it lists problems.")
+@click.option("--check-reproducible", "check_repro", is_flag=True,
+              help="Build a second time in a scratch workspace (no cache, other umask and TZ) and compare the "
+                   "images layer by layer; exit 1 naming the first differing layer and files.")
 @click.option("--json", "as_json", is_flag=True, help="Machine output: the plan or the build record.")
 @click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Where sources, wheelhouses and build records go (default $KIT_WORKSPACE or ./.workspace).")
-def command(platform, arm, stack_name, sources, no_cache, dry_run, as_json, workspace):
+def command(platform, arm, stack_name, sources, sources_dir, no_cache, dry_run, check_repro, as_json, workspace):
     """Build the image of a stack: sources at their pins, packages at exact versions, labels, probe.
 
     \b
@@ -37,6 +43,8 @@ def command(platform, arm, stack_name, sources, no_cache, dry_run, as_json, work
       kit build cpu --arm smoke --source vime=../vime    # a local checkout at the pinned commit
       kit build cuda --arm G10 --dry-run --json          # the plan, without an engine
       kit build rocm --stack vime-g11 --dry-run
+      kit build cpu --arm smoke --check-reproducible     # rebuild elsewhere, same image id or exit 1
+      kit build cuda --arm G11 --sources /work/shared/sources   # sources checked before any layer
     """
     from kit.build.sources import parse_source_overrides
     from kit.model.catalog import Catalog
@@ -52,7 +60,11 @@ def command(platform, arm, stack_name, sources, no_cache, dry_run, as_json, work
     workspace = (workspace or default_workspace()).resolve()
     overrides = parse_source_overrides(sources)
     t0 = time.monotonic()
-    plan = plan_build(stack, platform, workspace=workspace, overrides=overrides, dry_run=dry_run)
+    sources_dir = sources_dir or (Path(os.environ["KIT_SOURCES"]) if os.environ.get("KIT_SOURCES") else None)
+    if sources_dir is not None and not sources_dir.is_dir():
+        raise BadInput(f"--sources {sources_dir}: no such directory")
+    plan = plan_build(stack, platform, workspace=workspace, overrides=overrides, dry_run=dry_run,
+                      sources_dir=sources_dir)
     if dry_run:
         if as_json:
             click.echo(dumps_pretty(require_valid(plan.to_json(), "build plan", "build-plan")), nl=False)
@@ -65,6 +77,8 @@ def command(platform, arm, stack_name, sources, no_cache, dry_run, as_json, work
     progress = None if as_json else _progress_printer()
     result = build_image(plan, workspace=workspace, nocache=no_cache, progress=progress, arm=arm,
                          sources_from=_sources_from(stack, overrides, workspace), plan_s=time.monotonic() - t0)
+    if check_repro:
+        _check_reproducible(result, stack, platform, overrides, workspace, progress)
     if as_json:
         click.echo(dumps_pretty(result.record), nl=False)
     else:
@@ -75,6 +89,41 @@ def command(platform, arm, stack_name, sources, no_cache, dry_run, as_json, work
             state = "cache hit" if result.cached else "built"
         click.echo(f"{result.tag}  {result.image_id}  ({state}, {result.durations_s['total']:.1f} s)")
         click.echo(f"build record: {result.record_path}")
+    check = result.record.get("reproducibility_check")
+    if check and not check["same"]:
+        raise CheckFailed(_difference_text(result.tag, check))
+
+
+def _check_reproducible(result, stack, platform, overrides, workspace, progress) -> None:
+    """Second build in a scratch workspace; its verdict goes into the build record (rewritten as a new record)."""
+    from kit.build.images import plan_build, write_build_record
+    from kit.build.repro_build import check_reproducible
+
+    if progress:
+        sys.stderr.write("check-reproducible: second build in a scratch workspace (no cache, umask 0027, "
+                         "TZ Pacific/Chatham)\n")
+    report = check_reproducible(lambda ws: plan_build(stack, platform, workspace=ws, overrides=overrides),
+                                result, workspace=workspace, client=_client(), progress=progress)
+    result.record["reproducibility_check"] = report
+    result.record_path = write_build_record(result.record, workspace)
+
+
+def _client():
+    from kit.build.images import engine
+
+    return engine()
+
+
+def _difference_text(tag: str, check: dict) -> str:
+    diff = check.get("difference") or {}
+    lines = [f"{tag} is not reproducible: the second build gave {check['second_image_id']}; "
+             f"first differing layer {diff.get('layer')} ({diff.get('first')} against {diff.get('second')})"]
+    for item in diff.get("files", [])[:10]:
+        a, b = item["first"] or {}, item["second"] or {}
+        lines.append(f"  {item['path']}: size {a.get('size')} / {b.get('size')}, mode {a.get('mode')} / {b.get('mode')}, "
+                     f"mtime {a.get('mtime')} / {b.get('mtime')}, sha256 {str(a.get('sha256'))[:16]} / "
+                     f"{str(b.get('sha256'))[:16]}")
+    return "\n".join(lines)
 
 
 def _sources_from(stack, overrides, workspace) -> dict[str, str]:
@@ -95,9 +144,10 @@ def _progress_printer():
 
     def show(step, total, elapsed, text):
         # One line per step on stderr: "[3/14  12.4 s] RUN /opt/rlk/bin/install-source ..."
-        if step != last["step"]:
+        if step != last["step"] or step == 0:   # step 0: the kit's own work after the engine's steps
             last["step"] = step
-            sys.stderr.write(f"[{step}/{total} {elapsed:6.1f} s] {text[:100]}\n")
+            where = f"{step}/{total}" if step else "kit"
+            sys.stderr.write(f"[{where} {elapsed:6.1f} s] {text[:100]}\n")
             sys.stderr.flush()
 
     return show

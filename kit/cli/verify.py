@@ -131,6 +131,13 @@ def _verify_image(image: str, arm_name: str | None, stack_name: str | None):
     probe = verify_image_by_probe(image, stack)  # what a container of it observes
     verdict.problems = [(f"label {name}", f"expected {want!r}, found {got!r}") for name, want, got in labels.differences]
     verdict.problems += [(f"probe {name}", f"expected {want!r}, observed {got!r}") for name, want, got in probe.differences]
+    from kit.build.images import engine
+    from kit.build.provenance_check import image_provenance_problems
+    from kit.cli.build import default_workspace
+
+    problems, notes = image_provenance_problems(engine(), image, default_workspace().resolve())
+    verdict.problems += problems
+    verdict.notes += notes
     verdict.status = "fail" if verdict.problems else "ok"
     verdict.notes.append(f"image id {labels.image_id}; stack {stack.name} ({stack.sha256[:12]})")
     return verdict

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.build.provenance_check import is_statement, statement_problems
 from kit.model.arm import arm_rule_problems, matrix_arm_documents
 from kit.model.documents import read_json_file, schema_problems, sha256_of_file
 from kit.model.errors import KitError
@@ -45,6 +46,11 @@ def verify_document_file(path: Path) -> FileVerdict:
         doc = read_json_file(path)
     except KitError as exc:
         verdict.status, verdict.problems = "unreadable", [("", str(exc).split(": ", 1)[-1])]
+        return verdict
+    if is_statement(doc):   # an in-toto statement has no 'schema' field
+        verdict.kind = "slsa-provenance"
+        verdict.problems, verdict.notes = statement_problems(doc)
+        verdict.status = "fail" if verdict.problems else "ok"
         return verdict
     schema = doc.get("schema") if isinstance(doc, dict) else None
     if not isinstance(schema, str) or not schema.startswith("rlk-kit/"):

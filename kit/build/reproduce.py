@@ -1,0 +1,224 @@
+"""Reproducible images: the engine builds, the kit writes the bytes.
+
+The user's interface stays the engine (a Dockerfile, the classic builder's cache and steps). After
+the engine builds, the kit reads the image back (``docker save``), rewrites every layer the
+build added with :func:`kit.build.layers.normalize_layer` and the config with
+:func:`kit.build.image_config.normalize_config`, and loads the result (``docker load``) under the
+tag. The base's layers are kept as they are: the base is pinned by its id/digest. A ``docker
+load`` of these bytes gives the same image id on any engine that keeps the config's bytes
+(Docker 20.10 to 27's classic store, Podman). Example::
+
+    image = normalize_image(client, built_id, tag="rlk-kit/smoke:cpu-…", epoch=1704067200,
+                            base_diff_ids=base_layers, workdir=Path(".workspace/tmp/x"))
+    image.image_id, [layer["diff_id"] for layer in image.layers]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.build.image_config import config_bytes, normalize_config
+from kit.build.layers import first_differences, layer_listing, normalize_layer, sort_layer
+from kit.model.errors import CheckFailed
+
+_CHUNK = 1 << 20
+
+
+class _StreamReader:
+    """A read()-able file over an iterator of byte chunks (the engine's save stream)."""
+
+    def __init__(self, chunks):
+        self.chunks, self.buffer, self.pos = iter(chunks), b"", 0
+
+    def read(self, size: int = -1) -> bytes:
+        available = len(self.buffer) - self.pos
+        if 0 <= size <= available:   # the common case: tarfile reads blocks out of a 1 MiB chunk
+            data = self.buffer[self.pos:self.pos + size]
+            self.pos += size
+            return data
+        parts = [self.buffer[self.pos:]]
+        missing = size - available
+        self.buffer, self.pos = b"", 0
+        while size < 0 or missing > 0:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                break
+            if size >= 0 and len(chunk) > missing:
+                parts.append(chunk[:missing])
+                self.buffer, self.pos = chunk, missing
+                break
+            parts.append(chunk)
+            missing -= len(chunk)
+        return b"".join(parts)
+
+
+@dataclass
+class NormalizedImage:
+    image_id: str
+    config_digest: str            # sha256 of the config before the labels added by ``labels_for``
+    layers: list[dict]            # {"diff_id", "size", "from_base"} in image order
+    directory: Path               # normalized layer tars, <index>.tar (removed unless kept)
+    seconds: dict = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+
+
+def base_layers(client, base_ref: str) -> list[str]:
+    """The diff ids of a base image's layers (kept unchanged in every image built on it)."""
+    return list(client.images.get(base_ref).attrs.get("RootFS", {}).get("Layers", []))
+
+
+class _HashingReader:
+    """Reads through a file object, hashing what it returns (the engine's bytes of a layer)."""
+
+    def __init__(self, handle):
+        self.handle, self.sha = handle, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.handle.read(size)
+        self.sha.update(data)
+        return data
+
+
+def _drain(reader: _HashingReader) -> str:
+    for _ in iter(lambda: reader.read(_CHUNK), b""):
+        pass
+    return "sha256:" + reader.sha.hexdigest()
+
+
+def _save_normalized(client, image_id: str, directory: Path, base: set[str], epoch: int, say):
+    """Stream ``docker save`` and normalize each layer as it passes: (manifest entry, raw config,
+    {archive path: (engine diff id, LayerResult or None for a base layer, normalized file)})."""
+    stream = _StreamReader(client.api.get_image(image_id, chunk_size=_CHUNK))
+    layers: dict[str, tuple] = {}
+    manifest = raw_config = None
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for member in tar:
+            if not member.isreg():
+                continue
+            handle = tar.extractfile(member)
+            if member.name == "manifest.json":
+                manifest = json.loads(handle.read())[0]
+            elif member.name.endswith("/layer.tar"):
+                say(f"normalizing layer {len(layers) + 1} ({member.size / 1e6:.0f} MB)")
+                out = directory / (member.name.split("/")[0] + ".tar")
+                reader = _HashingReader(handle)
+                with open(out, "wb") as dst:
+                    result = normalize_layer(reader, dst, epoch=epoch)
+                engine_digest = _drain(reader)
+                if engine_digest in base:
+                    out.unlink()   # the base's layers stay as the base has them
+                    layers[member.name] = (engine_digest, None, None)
+                    continue
+                if result.reordered:
+                    sorted_out = out.with_suffix(".sorted.tar")
+                    with open(out, "rb") as src, open(sorted_out, "wb") as dst:
+                        result = sort_layer(src, dst, epoch=epoch)
+                    sorted_out.replace(out)
+                layers[member.name] = (engine_digest, result, out)
+            elif member.name.endswith(".json") and "/" not in member.name:
+                raw_config = json.loads(handle.read())
+    if manifest is None or raw_config is None:
+        raise CheckFailed(f"the engine's save of {image_id} has no manifest.json or config")
+    return manifest, raw_config, layers
+
+
+def normalize_image(client, built_id: str, *, tag: str, epoch: int, base_diff_ids: list[str], workdir: Path,
+                    labels_for=None, keep: bool = False, progress=None) -> NormalizedImage:
+    """Rewrite the image ``built_id`` deterministically and load it as ``tag``; see the module docstring.
+
+    ``labels_for(config_digest, layers) -> dict`` adds labels computed from the result (the
+    provenance's sha256); ``keep`` leaves the normalized layer tars in ``workdir`` for comparison.
+    """
+    say = progress or (lambda text: None)
+    t0 = time.monotonic()
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    manifest, raw_config, saved = _save_normalized(client, built_id, workdir, set(base_diff_ids), epoch, say)
+    t_norm = time.monotonic()
+    layers, diff_ids, dropped = [], [], []
+    for index, name in enumerate(manifest["Layers"]):
+        engine_digest, result, out = saved[name]
+        if result is None:
+            if index >= len(base_diff_ids) or base_diff_ids[index] != engine_digest:
+                raise CheckFailed(f"layer {index} of {built_id} equals a base layer out of place; "
+                                  "the image is not built on its base")
+            layers.append({"diff_id": engine_digest, "size": None, "from_base": True})
+        else:
+            layers.append({"diff_id": result.diff_id, "size": result.size, "from_base": False, "file": str(out)})
+            dropped += result.dropped
+        diff_ids.append(layers[-1]["diff_id"])
+    config = normalize_config(raw_config, diff_ids, epoch=epoch)
+    config_digest = "sha256:" + hashlib.sha256(config_bytes(config)).hexdigest()
+    if labels_for is not None:
+        config = normalize_config(raw_config, diff_ids, epoch=epoch, labels=labels_for(config_digest, layers))
+    data = config_bytes(config)
+    image_id = "sha256:" + hashlib.sha256(data).hexdigest()
+    say(f"loading {tag} ({image_id[:19]})")
+    _load(client, data, layers, tag)
+    loaded = client.images.get(tag).id
+    if loaded != image_id:
+        raise CheckFailed(f"the engine loaded {tag} as {loaded}, the kit wrote config {image_id}: "
+                          "this engine rewrites image configs, so its ids are not portable")
+    if not keep:
+        for layer in layers:
+            layer.pop("file", None)
+        shutil.rmtree(workdir)
+    seconds = {"save_normalize": round(t_norm - t0, 3), "load": round(time.monotonic() - t_norm, 3)}
+    return NormalizedImage(image_id, config_digest, layers, workdir, seconds, sorted(set(dropped)))
+
+
+def _load(client, config: bytes, layers: list[dict], tag: str) -> None:
+    """``docker load`` of a save-format archive streamed from the layer files (base layers omitted:
+    the engine already holds that chain, and a load skips every layer whose chain it holds)."""
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    members: list[tuple[str, bytes | Path]] = [(config_name, config)]
+    names = []
+    for layer in layers:
+        name = layer["diff_id"].split(":", 1)[1] + "/layer.tar"
+        names.append(name)
+        if not layer["from_base"] and not any(m[0] == name for m in members):
+            members.append((name, Path(layer["file"])))
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": names}]).encode()
+    members.append(("manifest.json", manifest))
+
+    def archive():
+        for name, body in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(body) if isinstance(body, bytes) else body.stat().st_size
+            yield info.tobuf(format=tarfile.USTAR_FORMAT)
+            if isinstance(body, bytes):
+                yield body
+            else:
+                with open(body, "rb") as handle:
+                    for chunk in iter(lambda: handle.read(_CHUNK), b""):
+                        yield chunk
+            if info.size % 512:
+                yield b"\0" * (512 - info.size % 512)
+        yield b"\0" * 1024
+
+    for _ in client.api.load_image(archive(), quiet=True):
+        pass
+
+
+def layer_differences(first: NormalizedImage, second: NormalizedImage, limit: int = 10) -> dict | None:
+    """None when both images have equal layers; else the first differing layer and its first files."""
+    for index, (a, b) in enumerate(zip(first.layers, second.layers)):
+        if a["diff_id"] == b["diff_id"]:
+            continue
+        listings = []
+        for layer in (a, b):
+            with open(layer["file"], "rb") as handle:
+                listings.append(layer_listing(handle))
+        files = [{"path": path, "first": x, "second": y} for path, x, y in first_differences(*listings, limit=limit)]
+        return {"layer": index, "first": a["diff_id"], "second": b["diff_id"], "files": files}
+    if len(first.layers) != len(second.layers):
+        return {"layer": min(len(first.layers), len(second.layers)), "first": None, "second": None, "files": [],
+                "note": f"{len(first.layers)} layers against {len(second.layers)}"}
+    return None
