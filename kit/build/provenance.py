@@ -52,7 +52,7 @@ def image_provenance(plan, *, config_digest: str, layers: list[dict], base_packa
 
 
 def resolved_dependencies(plan, base_packages: list[dict], kit_version: str) -> list[dict]:
-    """Base (id + packages), sources (commit, tree), wheels and patches (sha256), the kit itself."""
+    """Base (id + packages), sources (commit, tree), the lock, wheels and patches (sha256), the kit itself."""
     out = []
     base = {"name": "base-image", "uri": plan.base_image,
             "annotations": {"packages": base_packages, "unresolved": plan.base_unresolved}}
@@ -76,6 +76,8 @@ def resolved_dependencies(plan, base_packages: list[dict], kit_version: str) -> 
     for item in plan.context:
         kind = item.path.split("/", 1)[0]
         if item.digest.startswith("sha256:") and kind in ("wheelhouse", "patches") and not item.path.endswith("/"):
+            out.append({"name": item.path, "digest": {"sha256": _hex(item.digest)}})
+        elif item.path in ("lock.json", "stack.json"):
             out.append({"name": item.path, "digest": {"sha256": _hex(item.digest)}})
         elif item.path == plan.dockerfile:
             out.append({"name": f"dockerfile/{item.path}", "digest": {"sha256": _hex(item.digest)}})
