@@ -152,6 +152,8 @@ def check_reproducible(make_plan, first, *, workspace: Path, client, nocache: bo
     finally:
         client.images.remove(check_tag, noprune=True)
         shutil.rmtree(scratch, ignore_errors=True)
+        if first.normalized is not None:   # the first build's kept layer tars: compared, no longer needed
+            shutil.rmtree(first.normalized.directory, ignore_errors=True)
 
 
 def _saved_layers(client, result, directory: Path) -> NormalizedImage:
