@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import subprocess
+import uuid
 from pathlib import Path
 
 from conftest import REPO, run_kit
@@ -37,12 +38,17 @@ def test_image_is_written_by_the_kit_with_its_provenance_label(cpu_image, docker
 
 
 def _inject_date(plan):
-    """The plan with one more step that writes the build's clock into the image."""
+    """The plan with one more step that writes the build's clock into the image.
+
+    A fresh build arg on that step keeps the engine's cache from replaying an earlier run of it
+    (every step before it is still a cache hit, so the test costs one small step per build).
+    """
     text = Path(REPO / plan.dockerfile).read_text().replace(
-        "WORKDIR /workspace", "RUN date +%s%N > /opt/rlk/built-at\nWORKDIR /workspace")
+        "WORKDIR /workspace", "ARG INJECTED_STEP\nRUN date +%s%N > /opt/rlk/built-at\nWORKDIR /workspace")
     entries = tuple(ContextEntry.of_bytes(e.path, text.encode()) if e.path == plan.dockerfile else e for e in plan.context)
     digest = hashlib.sha256(text.encode()).hexdigest()
-    return dataclasses.replace(plan, context=entries, tag=f"rlk-kit/smoke:cpu-{digest[:12]}", inputs_sha256=digest)
+    return dataclasses.replace(plan, context=entries, tag=f"rlk-kit/smoke:cpu-{digest[:12]}", inputs_sha256=digest,
+                               build_args={**plan.build_args, "INJECTED_STEP": uuid.uuid4().hex})
 
 
 def test_injected_non_determinism_is_named_with_its_file(cpu_image, kit_workspace, docker_engine):
