@@ -29,6 +29,7 @@ from kit.build.image_checks import (ImageCheck, ProbeCheck, build_time_probe, ch
                                     image_conformance_fingerprint, image_platform, image_stack_name,
                                     probe_differences, read_embedded_stack, read_image_file, verify_image_by_probe)
 from kit.build.layout import LABEL_PREFIX
+from kit.build.provenance import LABEL as PROVENANCE_LABEL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
@@ -183,6 +184,11 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
             durations["plan"] = round(plan_s, 3)
         record = _build_record(plan, client, existing.id, started=started, t0=t0, durations=durations,
                                cached=True, steps=0, context=None, arm=arm, sources_from=sources_from)
+        label = (existing.labels or {}).get(PROVENANCE_LABEL)
+        if label:   # the statement of equal inputs is equal: the one this workspace wrote, when it did
+            from kit.build.repro_build import find_provenance
+            found = find_provenance(workspace, label)
+            record["provenance"] = {"path": str(found) if found else "", "sha256": label}
         return BuildResult(plan.tag, existing.id, True, 0, record["durations_s"], write_build_record(record, workspace),
                            record, reused=True)
     tar = context_tar(plan.context)
