@@ -104,12 +104,13 @@ def sort_layer(src: BinaryIO, dst: BinaryIO, *, epoch: int) -> LayerResult:
     """Rewrite a seekable layer tar in canonical order (for an engine that tars in another order)."""
     with tarfile.open(fileobj=src, mode="r:") as tar:
         members = sorted(tar.getmembers(), key=lambda m: canonical_key(m.name))
+        names = {m.name for m in members}
         writer = _HashingWriter(dst)
         written: set[str] = set()
         with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as out:
             for member in members:
                 info = _normal_header(member, epoch)
-                if member.islnk() and member.linkname not in written:
+                if member.islnk() and member.linkname not in written and member.linkname in names:
                     # Hard links point at the first name written; the sort can put a link first.
                     target = tar.getmember(member.linkname)
                     info.type, info.size, info.linkname = tarfile.REGTYPE, target.size, ""

@@ -162,6 +162,8 @@ def _saved_layers(client, result, directory: Path) -> NormalizedImage:
     base = client.images.get(result.image_id).attrs["RootFS"]["Layers"]
     record = result.record.get("reproducible", {})
     base_ids = [layer["diff_id"] for layer in record.get("layers", []) if layer.get("from_base")]
+    if not base_ids and result.record.get("base_image", {}).get("ref"):   # a reused build's record
+        base_ids = base_layers(client, result.record["base_image"]["ref"])
     manifest, _, saved = _save_normalized(client, result.image_id, directory, set(base_ids),
                                           record.get("epoch", CONTEXT_MTIME), lambda text: None)
     layers = []
