@@ -19,6 +19,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Tests that use these fixtures need a Docker engine or start a Ray head: they carry the marker, so
+# `pytest -m "not docker and not ray and not slow"` is the fast edit loop; ./scripts/test runs them all.
+MARKER_FIXTURES = {"docker": {"docker_engine", "cpu_image"}, "ray": {"ray_head"}}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for marker, fixtures in MARKER_FIXTURES.items():
+            if fixtures & set(getattr(item, "fixturenames", ())):
+                item.add_marker(marker)
+
 
 def kit_version() -> str:
     from kit import __version__

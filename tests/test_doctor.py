@@ -240,9 +240,11 @@ def test_doctor_and_the_docker_runtime_choose_the_same_image():
     time.sleep(1.1)
     other_platform = build("rocm", 3)        # newest of all, but not what a cpu arm runs
     try:
-        key = DockerRuntime.image_age_key
+        from kit.adapters.docker import image_age_key as key
+        from kit.build.lookup import stack_image
+
         assert key(older) < key(newer) < key(other_platform)
-        assert DockerRuntime.stack_image(client, sha, "cpu").id == newer.id
+        assert stack_image(client, sha, "cpu").id == newer.id
         assert find_stack_image(stack, sha, "cpu", client).id == newer.id
 
         arm = SimpleNamespace(name="A1", platform="cpu", stack=SimpleNamespace(name=stack, sha256=sha))
@@ -262,12 +264,11 @@ def test_doctor_and_the_docker_runtime_choose_the_same_image():
 def test_image_age_orders_by_nanoseconds_not_by_text():
     from types import SimpleNamespace
 
-    from kit.runtimes.docker import DockerRuntime
+    from kit.adapters.docker import image_age_key as key
 
     def image(created, id_="sha256:" + "0" * 64):
         return SimpleNamespace(attrs={"Created": created}, id=id_)
 
-    key = DockerRuntime.image_age_key
     # the engine drops trailing zeros: .1 is 100 ms, later than .12 read as text would say
     assert key(image("2026-01-02T03:04:05.12Z")) > key(image("2026-01-02T03:04:05.1Z"))
     assert key(image("2026-01-02T03:04:06Z")) > key(image("2026-01-02T03:04:05.999999999Z"))

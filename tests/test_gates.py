@@ -264,7 +264,7 @@ def test_summary_of_a_run_without_mismatch_records(strict_arm):
 def test_progress_display_shows_the_count(native_arm):
     import io
 
-    from kit.run.execute import Progress
+    from kit.run.logs import Progress
     from kit.engines.vime.records import parse_records
 
     out = io.StringIO()

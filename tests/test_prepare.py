@@ -20,11 +20,11 @@ from kit.cli import cli
 from kit.model.documents import schema_problems
 from kit.model.errors import BadInput, CheckFailed
 from kit.inputs.files import HashCache, hash_file_cached, hash_tree, tree_sha256
+from kit.inputs.checkpoint import conversion_command
 from kit.inputs.prepare import (
     PUBLISHED_OUTPUT_SHA256,
     PUBLISHED_URL,
     Workspace,
-    conversion_command,
     expected_output_sha256,
     matches_published_output,
     prepare_dataset,

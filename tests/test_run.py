@@ -165,7 +165,7 @@ def test_sigterm_keeps_partial_evidence_without_seal(tmp_path):
 
 
 def test_dirty_checkout_is_refused_without_allow_dirty(tmp_path):
-    from kit.run.execute import repository_state
+    from kit.run.manifest import repository_state
 
     repo = tmp_path / "repo"
     (repo / "kit").mkdir(parents=True)
@@ -266,7 +266,7 @@ def test_every_metrics_line_is_a_valid_metrics_record(strict_run):
 
 def test_metrics_lines_are_validated_as_they_are_written():
     from kit.model.errors import BadInput
-    from kit.run.execute import metrics_lines
+    from kit.run.manifest import metrics_lines
     from kit.engines.vime.records import Record, parse_records
 
     records = list(parse_records(["(pid=1) step 0: {'train/loss': nan, 'train/x': -inf, 'train/ids': {1, 2}}"]))

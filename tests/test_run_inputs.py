@@ -8,7 +8,8 @@ import pytest
 
 from kit.model.catalog import Catalog
 from kit.model.errors import BadInput, CheckFailed
-from kit.run.execute import RunRequest, input_mounts, vime_input_files
+from kit.run.request import RunRequest
+from kit.run.inputs import input_mounts, vime_input_files
 
 from conftest import run_kit
 
@@ -126,7 +127,7 @@ def test_prompt_data_other_than_the_arms_pin_is_refused_before_anything_starts(i
 def test_hashing_an_input_tree_reports_progress_and_then_answers_from_the_cache(inputs):
     import io
 
-    from kit.run.execute import file_inputs
+    from kit.run.inputs import file_inputs
 
     cache = inputs / "ws" / "cache" / "hashes.json"
     first = io.StringIO()
@@ -160,7 +161,7 @@ def test_a_model_other_than_the_arms_pin_is_refused_before_anything_starts(tmp_p
     import hashlib
 
     from kit.inputs.files import hash_tree, tree_sha256
-    from kit.run.execute import check_pinned_inputs
+    from kit.run.inputs import check_pinned_inputs
 
     arm = Catalog.default().arm("native")
     data = inputs / "ws" / "data" / "dapo-math-17k.jsonl"

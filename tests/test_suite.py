@@ -19,13 +19,11 @@ from hypothesis import strategies as st
 
 from kit.model.documents import schema_problems
 from kit.model.errors import BadInput
+from kit.run.attribution import MODULE_ORDER, attribution, render_table
 from kit.run.suite import (
-    MODULE_ORDER,
     MatrixBase,
     SuiteRequest,
-    attribution,
     plan_module_suite,
-    render_table,
     run_id_for,
     run_module_suite,
     select_base,
@@ -346,7 +344,7 @@ def test_an_image_of_another_stack_fails_before_the_suite_starts(tmp_path, docke
 
 def test_the_docker_suite_pins_one_image_for_all_arms(tmp_path, cpu_image):
     """The image is resolved once while planning (as kit run resolves it) and every arm is handed its id."""
-    from kit.runtimes.docker import DockerRuntime
+    from kit.adapters.docker import ref_of
     from kit.run.suite import _run_request
 
     plan = plan_module_suite(SuiteRequest(suite_id="p1", rollouts=1, stack="smoke", runtime="docker",
@@ -359,7 +357,7 @@ def test_the_docker_suite_pins_one_image_for_all_arms(tmp_path, cpu_image):
                                             workspace=tmp_path, allow_dirty=True))
     image = cpu_image_client().images.get(chosen.image_id)
     assert image.labels["dev.rlk-kit.stack.sha256"] == plan.stack_sha256
-    assert chosen.image == DockerRuntime.ref_of(image)
+    assert chosen.image == ref_of(image)
     assert list(tmp_path.iterdir()) == []     # planning writes nothing
 
 
@@ -403,7 +401,7 @@ def test_json_is_offered_by_the_group_and_the_subcommand():
 
 def test_verdicts_from_kit_run_outcomes():
     from kit.model.catalog import Catalog
-    from kit.run.execute import RunOutcome
+    from kit.run.request import RunOutcome
     from kit.run.suite import ArmSpec, arm_entry
 
     spec = ArmSpec("M000", Catalog.default().arm("smoke-M000"), "v1-smoke-m000")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from kit.analysis.plots import _pyplot, _save
 
 MONITORS_JSON = "monitors/monitors.json"
 FIGURE = "monitors"
@@ -114,7 +115,6 @@ def step_clock(series: dict, step_times: list[float]) -> list[float]:
 def monitor_figure(by_arm: dict, out_dir: Path, subtitle: str) -> list[str]:
     """``by_arm``: {arm: (series, step_times)}. Writes monitors.png/pdf: GPU SM %, GPU memory, host CPU %
     and step time against seconds since the monitors started."""
-    from kit.analysis.plots import _pyplot, _save
 
     plt = _pyplot()
     fig, axes = plt.subplots(4, 1, figsize=(9, 10), sharex=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from kit.model.errors import BadInput
+from kit.model.documents import dumps_pretty, require_valid
 
 
 def refuse_existing(out_dir: Path, names: Iterable[str]) -> None:
@@ -83,7 +84,6 @@ def write_csv(path: Path, columns: Iterable[str], rows: Iterable[dict]) -> str:
 
 
 def write_json(path: Path, doc: dict, expected: str) -> str:
-    from kit.model.documents import dumps_pretty, require_valid
 
     require_valid(doc, path.name, expected)
     path.write_text(dumps_pretty(doc), encoding="utf-8")

@@ -25,6 +25,7 @@ from kit.analysis.comparability import CONTROLLED_LABEL, DESCRIPTIVE_LABEL, Comp
 from kit.analysis.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, DESCRIPTIVES, SCHEMES, Resampler, describe
 from kit.analysis.table import manifest_arm
 from kit.model.errors import BadInput
+from kit import __version__
 
 STAGES = (
     # (id, label, step-metrics column, formula)
@@ -298,7 +299,6 @@ def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: in
 
 
 def _kit_version() -> str:
-    from kit import __version__
 
     return __version__
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from kit.analysis.perf import STAGES
 
 # Drawing is most of analyze's time: fixed margins instead of tight_layout (which draws every figure
 # once more to measure it), footers wrapped by character count instead of matplotlib's wrap=True
@@ -78,7 +79,6 @@ def _series(rows, arm, col):
 
 def perf_figures(report, out_dir: Path) -> list[str]:
     plt = _pyplot()
-    from kit.analysis.perf import STAGES
 
     subtitle = report.comparability.headline()
     rows, arms = report.rows, report.arm_names

@@ -217,7 +217,7 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
             if m:
                 step, total, current = int(m.group(1)), int(m.group(2)), m.group(3)
                 # Only steps that make layers can miss the cache (ARG/FROM print no "Using cache").
-                hits[step] = not current.split(" ", 1)[0].upper() in ("RUN", "COPY", "ADD")
+                hits[step] = current.split(" ", 1)[0].upper() not in ("RUN", "COPY", "ADD")
                 if progress:
                     progress(step, total, time.monotonic() - t0, current)
             elif "Using cache" in line and step:

@@ -5,6 +5,8 @@ The Dockerfiles spell the same paths literally (a Dockerfile cannot import Pytho
 tests/test_image_layout.py holds every path they name to this table.
 """
 
+from kit.model import labels
+
 SOURCES_DIR = "/opt/rlk/src"            # each stack source at /opt/rlk/src/<source name>
 STACK_PATH = "/opt/rlk/stack.json"      # the resolved stack document baked into the image
 LOCK_PATH = "/opt/rlk/lock.json"        # the lock the image's packages were installed from
@@ -20,7 +22,7 @@ MODEL_DIR = "/inputs/model"             # read-only: Hugging Face checkpoint
 CHECKPOINT_DIR = "/inputs/torch_dist"   # read-only: Megatron torch_dist checkpoint
 DATA_DIR = "/inputs/data"               # read-only: prompt JSONL
 
-LABEL_PREFIX = "dev.rlk-kit"
+LABEL_PREFIX = labels.LABEL_PREFIX   # kit/model/labels.py: the model reads labels too
 
 # How a stack is checked inside a container (a throwaway one or a run's live one): the stack goes in
 # through the environment, so the probe reports exactly its packages and sources. Exit 1 (pins

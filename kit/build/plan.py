@@ -28,6 +28,7 @@ from kit.model.documents import canonical_json
 from kit.model.lock import INSTALL_EXTRAS, lock_sha256
 from kit.model.errors import CheckFailed
 from kit.build.layout import LABEL_PREFIX
+from kit.model.stack import packages_for
 
 PLATFORMS = ("cuda", "rocm", "cpu")
 DOCKERFILES = {"cuda": "Dockerfile.cuda", "rocm": "Dockerfile.rocm", "cpu": "docker/Dockerfile.cpu"}
@@ -145,7 +146,6 @@ def source_problems(stack_doc: dict, platform: str) -> list[str]:
 
 def build_args(stack_doc: dict, platform: str) -> dict[str, str]:
     """The Dockerfile's build args for a resolved stack: every pin the image is made from."""
-    from kit.model.stack import packages_for
 
     entry = stack_doc["platforms"][platform]
     packages = packages_for(stack_doc, platform)
@@ -231,7 +231,6 @@ def labels(stack_doc: dict, stack_sha256: str, platform: str, *, inputs_sha256: 
             out[f"{p}.base.id"] = base_image_id
     if created:
         out["org.opencontainers.image.created"] = created
-    from kit.model.stack import packages_for
 
     for name, version in packages_for(stack_doc, platform).items():
         out[f"{p}.package.{name}"] = version
@@ -302,7 +301,6 @@ def make_plan(stack_doc: dict, stack_sha256: str, platform: str, context: list[C
     if entry.get("unresolved"):
         all_notes.append(f"base {entry['base_image']} is unresolved (a tag, not a digest)"
                          + (f": {entry['note']}" if entry.get("note") else ""))
-    from kit.model.stack import packages_for
 
     if platform == "rocm" and any("+" not in v for n, v in packages_for(stack_doc, platform).items() if n == "torch"):
         all_notes.append("rocm: torch from the ROCm wheel index reports a local version (+rocmX.Y); the in-image "

@@ -28,7 +28,14 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kit.adapters.gpus import list_gpus
 from kit.build.layout import SOURCES_DIR
+import importlib.util
+from kit import __version__
+from kit.model.documents import sha256_of_document
+from kit.model.stack import packages_for, stack_identity
+from kit.build.layout import STACK_PATH
+from importlib import metadata
 
 BAKED_TREE_FILE = "rlk-baked-tree"   # written into .git/ by docker/bin/install-source
 
@@ -40,7 +47,6 @@ def observed_identity(stack: dict | None = None, *, source_roots: dict[str, Path
     ``stack`` (a resolved stack document) names the packages and sources to report; without it
     every directory under /opt/rlk/src is reported. ``source_roots`` overrides where sources are.
     """
-    from kit import __version__
 
     # Without a stack, the one baked into the image (if any) says which packages and sources to report.
     names_from = stack if stack is not None else _embedded_stack()
@@ -59,8 +65,6 @@ def observed_identity(stack: dict | None = None, *, source_roots: dict[str, Path
         "gpus": _gpus(),
     }
     if stack is not None:
-        from kit.model.documents import sha256_of_document
-        from kit.model.stack import stack_identity
 
         doc["stack"] = {"name": stack.get("name", ""), "sha256": sha256_of_document(stack_identity(stack))}
     if include_conformance:
@@ -79,7 +83,6 @@ def identity_differences(observed: dict, stack: dict) -> list[tuple[str, str | N
     found_python = observed.get("python", {}).get("version")
     if stack.get("python") and found_python != stack["python"]:
         out.append(("python", stack["python"], found_python))
-    from kit.model.stack import packages_for
 
     packages = observed.get("packages", {})
     for name, version in sorted(packages_for(stack, observed_platform(observed)).items()):
@@ -141,7 +144,6 @@ def _package_names(stack: dict | None) -> set[str]:
 
 
 def _embedded_stack() -> dict | None:
-    from kit.build.layout import STACK_PATH
 
     try:
         return json.loads(Path(STACK_PATH).read_text(encoding="utf-8"))
@@ -161,7 +163,6 @@ def _source_roots(stack: dict | None, given: dict[str, Path | str] | None) -> di
 
 
 def _package_versions(names: list[str]) -> dict[str, str | None]:
-    from importlib import metadata
 
     out: dict[str, str | None] = {}
     for name in names:
@@ -173,7 +174,6 @@ def _package_versions(names: list[str]) -> dict[str, str | None]:
 
 
 def _freeze() -> list[str]:
-    from importlib import metadata
 
     seen = {}
     for dist in metadata.distributions():
@@ -249,7 +249,6 @@ def _sha256(path: Path) -> str:
 
 
 def _torch_identity() -> dict | None:
-    import importlib.util
 
     if importlib.util.find_spec("torch") is None:
         return None
@@ -262,29 +261,8 @@ def _torch_identity() -> dict | None:
 
 
 def _gpus() -> list[dict]:
-    gpus = []
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,uuid",
-                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout
-            for line in out.strip().splitlines():
-                parts = [p.strip() for p in line.split(",")]
-                if len(parts) == 4:
-                    gpus.append({"vendor": "nvidia", "index": int(parts[0]), "name": parts[1],
-                                 "driver": parts[2], "uuid": parts[3]})
-        except (OSError, subprocess.TimeoutExpired, ValueError):
-            pass
-    if shutil.which("rocm-smi"):
-        try:
-            out = subprocess.run(["rocm-smi", "--showproductname", "--json"], capture_output=True, text=True,
-                                 timeout=30).stdout
-            for key, info in sorted(json.loads(out or "{}").items()):
-                if key.startswith("card"):
-                    gpus.append({"vendor": "amd", "index": int(key[4:]), "name": info.get("Card series", ""),
-                                 "driver": info.get("Driver version", ""), "uuid": info.get("Unique ID", "")})
-        except (OSError, subprocess.TimeoutExpired, ValueError):
-            pass
-    return gpus
+    return [{"vendor": g.vendor, "index": g.index, "name": g.name, "driver": g.driver, "uuid": g.uuid}
+            for g in list_gpus().devices]
 
 
 def _conformance_fingerprint():

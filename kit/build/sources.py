@@ -22,6 +22,8 @@ from pathlib import Path
 
 from kit.build.plan import CONTEXT_MTIME
 from kit.model.errors import BadInput, CheckFailed
+import shutil
+from kit.build import smoke_sources
 
 _GIT = ["git", "-c", "safe.directory=*", "-c", "core.autocrlf=false"]
 
@@ -94,13 +96,11 @@ def locate_source(src: dict, overrides: dict[str, Path], workspace: Path, *, fet
         check_at_pin(name, repo, pin)
         return repo
     if repository.startswith("fixture:"):
-        from kit.build import smoke_sources
 
         fixture = repository.split(":", 1)[1]
         repo = workspace / "sources" / "fixtures" / fixture
         if not (repo / ".git").is_dir():
             if repo.exists():
-                import shutil
                 shutil.rmtree(repo)
             smoke_sources.materialize(fixture, repo)
         check_at_pin(name, repo, pin)

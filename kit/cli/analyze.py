@@ -9,6 +9,14 @@ import json
 from pathlib import Path
 
 import click
+from kit.analysis.table import load_arms
+from kit.analysis.output import publish, refuse_existing, write_csv, write_json
+from kit.analysis.perf import COLUMNS, SCHEMA, SUMMARY_CSV_COLUMNS, analyze_perf
+from kit.analysis.plots import convergence_figures, perf_figures
+from kit.analysis.convergence import ROUNDS_COLUMNS, RUNS_COLUMNS, SUMMARY_FIELDS, analyze_convergence
+from kit.analysis.monitors import FIGURE as MONITORS_FIGURE, has_monitors, monitor_figure, read_monitors
+from kit.run.replicates import group_runs
+from kit.analysis.replicates import SCHEMA as REPLICATES_SCHEMA, analyze_replicates
 
 
 PERF_FILES = ("step-metrics.csv", "summary.csv", "summary.json")
@@ -27,7 +35,6 @@ NOTES_FILE = "notes.txt"
 
 def _load(paths, names, global_batch_size):
     """Load the runs; every skipped (unparseable) record line is warned about on stderr."""
-    from kit.analysis.table import load_arms
 
     arms = load_arms([Path(p) for p in paths], names, global_batch_size)
     for arm in arms:
@@ -132,10 +139,7 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
       kit analyze perf runs/g10 runs/g11 --out report/perf --unpaired
       kit analyze perf G10.log G11.log --out r --bootstrap published --strict
     """
-    from kit.analysis.output import publish, refuse_existing, write_csv, write_json
-    from kit.analysis.perf import COLUMNS, SCHEMA, SUMMARY_CSV_COLUMNS, analyze_perf
 
-    from kit.analysis.monitors import FIGURE as MONITORS_FIGURE, has_monitors
 
     monitored = figures and any(has_monitors(Path(r)) for r in runs)
     files = PERF_FILES + (NOTES_FILE,) + _figure_files(PERF_FIGURES + ((MONITORS_FIGURE,) if monitored else ()), figures)
@@ -155,7 +159,6 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
             [report.summary["comparison"]["headline"], ""] + [f"uneven data: {w}" for w in warnings] if warnings else [])
         written += _write_notes(tmp, notes)
         if figures:
-            from kit.analysis.plots import perf_figures
 
             written += perf_figures(report, tmp)
         if monitored:   # GPU and host monitors of the run dirs, beside their step times
@@ -177,7 +180,6 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
 
 
 def _monitor_figure(runs, arms, report, tmp: Path) -> list[str]:
-    from kit.analysis.monitors import monitor_figure, read_monitors
 
     by_arm = {}
     for path, arm in zip(runs, arms):
@@ -258,8 +260,6 @@ def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase
     Example:
       kit analyze convergence runs/g10 runs/g11 --out report/convergence
     """
-    from kit.analysis.convergence import ROUNDS_COLUMNS, RUNS_COLUMNS, SUMMARY_FIELDS, analyze_convergence
-    from kit.analysis.output import publish, refuse_existing, write_csv, write_json
 
     files = CONVERGENCE_FILES + (NOTES_FILE,) + _figure_files(CONVERGENCE_FIGURES, figures)
     refuse_existing(out_dir, files)
@@ -276,7 +276,6 @@ def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase
                    write_json(tmp / "summary.json", report.summary, "rlk-kit/analysis-convergence/v1")]
         written += _write_notes(tmp, _notes(arms, comparison["headline"]))
         if figures:
-            from kit.analysis.plots import convergence_figures
 
             written += convergence_figures(report, tmp)
         return written
@@ -319,11 +318,6 @@ def replicates(runs, out_dir, draws, seed, as_json):
     Example:
       kit analyze replicates .workspace/groups/smoke-native-g*.json .workspace/groups/smoke-consistency-g*.json --out report/noise
     """
-    from kit.analysis.output import publish, refuse_existing, write_json
-    from kit.analysis.replicates import SCHEMA, analyze_replicates
-    from kit.analysis.table import load_arms
-    from kit.run.replicates import group_runs
-
     paths = []
     for r in runs:
         if str(r).endswith(".json"):
@@ -335,7 +329,7 @@ def replicates(runs, out_dir, draws, seed, as_json):
             paths.append(Path(r))
     refuse_existing(out_dir, ("replicates.json",))
     doc = analyze_replicates(load_arms(paths), draws=draws, seed=seed)
-    publish(out_dir, lambda tmp: [write_json(tmp / "replicates.json", doc, SCHEMA)])
+    publish(out_dir, lambda tmp: [write_json(tmp / "replicates.json", doc, REPLICATES_SCHEMA)])
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return

@@ -10,6 +10,12 @@ from pathlib import Path
 import click
 
 from kit.model.errors import BadInput, CheckFailed
+from kit.build.sources import parse_source_overrides
+from kit.model.catalog import Catalog
+from kit.model.documents import dumps_pretty, require_valid
+from kit.build.images import build_image, plan_build
+from kit.build.images import engine, write_build_record
+from kit.build.repro_build import check_reproducible
 
 
 def default_workspace() -> Path:
@@ -46,10 +52,6 @@ def command(platform, arm, stack_name, sources, sources_dir, no_cache, dry_run, 
       kit build cpu --arm smoke --check-reproducible     # rebuild elsewhere, same image id or exit 1
       kit build cuda --arm G11 --sources /work/shared/sources   # sources checked before any layer
     """
-    from kit.build.sources import parse_source_overrides
-    from kit.model.catalog import Catalog
-    from kit.model.documents import dumps_pretty, require_valid
-    from kit.build.images import build_image, plan_build
 
     if bool(arm) == bool(stack_name):
         raise BadInput("give exactly one of --arm NAME or --stack NAME")
@@ -96,8 +98,6 @@ def command(platform, arm, stack_name, sources, sources_dir, no_cache, dry_run, 
 
 def _check_reproducible(result, stack, platform, overrides, workspace, progress) -> None:
     """Second build in a scratch workspace; its verdict goes into the build record (rewritten as a new record)."""
-    from kit.build.images import plan_build, write_build_record
-    from kit.build.repro_build import check_reproducible
 
     if progress:
         sys.stderr.write("check-reproducible: second build in a scratch workspace (no cache, umask 0027, "
@@ -109,7 +109,6 @@ def _check_reproducible(result, stack, platform, overrides, workspace, progress)
 
 
 def _client():
-    from kit.build.images import engine
 
     return engine()
 

@@ -9,6 +9,11 @@ import click
 
 from kit.cli._output import emit_json
 from kit.cli.run import workspace_from
+import time
+from kit.cli.plan import select_arm
+from kit.cluster import kuberay, local, slurm
+from kit.model.errors import CheckFailed
+from kit.cluster.local import alive_nodes
 
 CTX = {"help_option_names": ["-h", "--help"]}
 
@@ -47,8 +52,6 @@ def up_command(arm_ref, nodes, image, worker_images, workspace, as_json):
     Example:
       kit cluster up --arm smoke --local 3 --json
     """
-    from kit.cli.plan import select_arm
-    from kit.cluster import local
 
     arm = select_arm(arm_ref, None)
     ws = workspace_from(workspace)
@@ -75,7 +78,6 @@ def down_command(workspace, as_json):
     Example:
       kit cluster down
     """
-    from kit.cluster import local
 
     state = local.down(workspace_from(workspace), log=_log(as_json))
     if state is None:
@@ -99,8 +101,6 @@ def address_command(workspace, as_json):
     Example:
       kit run --arm smoke --runtime ray --ray-address "$(kit cluster address)"
     """
-    from kit.cluster import local
-    from kit.model.errors import CheckFailed
 
     state = local.read_state(workspace_from(workspace))
     if state is None or state["status"] != "up":
@@ -123,10 +123,7 @@ def wait_command(address, nodes, timeout_s, as_json):
     Example:
       kit cluster wait --address http://head:8265 --nodes 4 --timeout 300
     """
-    import time
 
-    from kit.cluster.local import alive_nodes
-    from kit.model.errors import CheckFailed
 
     deadline = time.monotonic() + timeout_s
     while (alive := alive_nodes(address)) < nodes:
@@ -164,8 +161,6 @@ def slurm_command(arm_ref, nodes, image, container_runtime, gpus_per_node, parti
       kit cluster slurm --arm smoke --nodes 1 --submit
       kit cluster slurm --arm G11 --nodes 4 --container-runtime pyxis --image reg/rlk@sha256:... --out g11.sbatch
     """
-    from kit.cli.plan import select_arm
-    from kit.cluster import slurm
 
     arm = select_arm(arm_ref, None)
     ws = workspace_from(workspace).resolve()
@@ -204,8 +199,6 @@ def kuberay_command(arm_ref, image, platform, workers, gpus_per_pod, namespace, 
       kit cluster kuberay --arm G11 --image reg/rlk@sha256:<64 hex> --workers 1 --out k8s/
       kubectl apply -f k8s/rayjob.json
     """
-    from kit.cli.plan import select_arm
-    from kit.cluster import kuberay
 
     arm = select_arm(arm_ref, None)
     doc = kuberay.render(arm, image=image, platform=platform or arm.platform, workers=workers,

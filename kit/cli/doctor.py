@@ -9,6 +9,9 @@ from pathlib import Path
 import click
 
 from kit.model.errors import CheckFailed
+from kit.cli.run import workspace_from
+from kit.run.doctor import Context, load_arm, run_doctor
+from kit.model.documents import require_valid
 
 
 @click.command(name="doctor")
@@ -38,9 +41,6 @@ def command(arm_name, workspace, ray_address, as_json):
       kit doctor --arm G10 --workspace /data/ws --ray-address http://127.0.0.1:8265
       kit doctor --arm G10 --json | jq '.checks[] | select(.status=="FAIL")'
     """
-    from kit.cli.run import workspace_from
-    from kit.run.doctor import Context, load_arm, run_doctor
-    from kit.model.documents import require_valid
 
     arm = load_arm(arm_name) if arm_name else None
     # the workspace kit run and kit suite would read the inputs from, so a PASS here holds for them

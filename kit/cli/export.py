@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 
 import click
+from kit.analysis.table import load_arms
+from kit.export.mlflow_runs import SCHEMA, export_runs
+from kit.model.documents import schema_problems
 
 
 @click.group("export")
@@ -40,9 +43,6 @@ def mlflow_command(runs, tracking_uri, artifact_root, experiment, figures_dir, n
       kit export mlflow runs/g10 runs/g11 --figures report/perf
       kit export mlflow runs/g10 --tracking-uri http://mlflow:5000 --experiment vime --json
     """
-    from kit.analysis.table import load_arms
-    from kit.export.mlflow_runs import SCHEMA, export_runs
-    from kit.model.documents import schema_problems
 
     if tracking_uri is None:
         tracking_uri = f"sqlite:///{Path('mlflow.db').resolve()}"

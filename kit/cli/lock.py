@@ -8,6 +8,10 @@ import click
 
 from kit.cli._output import emit_json
 from kit.model.errors import BadInput
+from kit.build.resolve import Unreachable, default_find_links, resolve_lock
+from kit.model.catalog import Catalog
+from kit.model.documents import replace_document
+from kit.model.lock import lock_differences, lock_file_name, lock_rule_problems, lock_sha256, platform_kind
 
 
 @click.command(name="lock", context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,10 +42,6 @@ def command(stacks, platforms, check, index, extra_index, find_links, as_json):
       kit lock --check --json                   # drift against the committed locks
       kit lock smoke --find-links /opt/wheels
     """
-    from kit.build.resolve import Unreachable, default_find_links, resolve_lock
-    from kit.model.catalog import Catalog
-    from kit.model.documents import replace_document
-    from kit.model.lock import lock_differences, lock_file_name, lock_rule_problems, lock_sha256, platform_kind
 
     catalog = Catalog.default()
     if check and not stacks:   # the committed locks, each against its stack

@@ -6,6 +6,9 @@ import click
 
 from kit.cli._output import emit_json
 from kit.model.errors import BadInput
+from kit.model.arm import Arm, mode_operators, with_overrides
+from kit.model.catalog import Catalog
+from kit.run.plan import TopologyOverrides, resolve_plan
 
 
 def arm_selection_options(f):
@@ -26,8 +29,6 @@ def arm_selection_options(f):
 def select_arm(arm_ref, mode):
     """Resolve --arm/--mode into an Arm; --mode with --arm derives a renamed arm with all cases set,
     declared as a comparison with the base arm whose only factor is ``operators``."""
-    from kit.model.arm import Arm, mode_operators, with_overrides
-    from kit.model.catalog import Catalog
 
     if not arm_ref and not mode:
         raise BadInput("give --arm A or --mode native|consistency")
@@ -63,7 +64,6 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
       kit plan --arm G10
       kit plan --mode native --rollout-tp-size 2
     """
-    from kit.run.plan import TopologyOverrides, resolve_plan
 
     arm = select_arm(arm_ref, mode)
     plan = resolve_plan(arm, TopologyOverrides(tp_size, cp_size, rollout_tp_size, rollout_cp_size),

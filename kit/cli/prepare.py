@@ -9,6 +9,11 @@ import click
 
 from kit.cli._output import emit_json
 from kit.model.errors import BadInput
+from kit.inputs import checkpoint
+from kit.inputs import prepare as prep
+from kit.cli.run import workspace_from
+from kit.run.doctor import load_arm
+from kit.inputs.files import hash_tree, tree_sha256
 
 
 @click.command(name="prepare")
@@ -64,8 +69,6 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
       kit prepare --workspace /data/ws --dataset-source ./train-00000-of-00001.parquet
       kit prepare --workspace /data/ws --no-dataset --model /models/Qwen3-8B --convert-checkpoint --arm G10
     """
-    from kit.inputs import prepare as prep
-    from kit.cli.run import workspace_from
 
     workspace = workspace_from(workspace)
     if convert_checkpoint and not (model_dir and arm_name):
@@ -81,23 +84,21 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
     source = dataset_source or prep.PUBLISHED_URL
     arm = image = None
     if convert_checkpoint:
-        from kit.run.doctor import load_arm
 
         arm = load_arm(arm_name)  # unknown arm: BadInput naming --arm
-        prep.check_conversion_request(arm.name, arm.document, arm.stack_document, platform)
+        checkpoint.check_conversion_request(arm.name, arm.document, arm.stack_document, platform)
     if model_dir is not None:
         prep.check_model_dir(model_dir)
     if not no_dataset:
         prep.check_dataset_source(source)
     progress = None if as_json else sys.stderr
     if convert_checkpoint:
-        from kit.inputs.files import hash_tree, tree_sha256
 
         ws = prep.Workspace(workspace)
         model_tree = tree_sha256(hash_tree(model_dir, ws.hash_cache, progress=progress))
         converted = ws.checkpoint_dir(arm.stack_sha256, model_tree)
         if not (converted.exists() and ws.checkpoint_provenance(converted).exists()):
-            image = prep.find_conversion_image(arm.name, arm.document, arm.stack_document, arm.stack_sha256,
+            image = checkpoint.find_conversion_image(arm.name, arm.document, arm.stack_document, arm.stack_sha256,
                                                platform)
 
     workspace.mkdir(parents=True, exist_ok=True)
@@ -109,7 +110,7 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
         model = prep.prepare_model(workspace, model_dir, progress=progress)
         done.append(model)
         if convert_checkpoint:
-            done.append(prep.convert_checkpoint(
+            done.append(checkpoint.convert_checkpoint(
                 workspace, arm_name=arm.name, arm_document=arm.document, stack_document=arm.stack_document,
                 stack_sha256=arm.stack_sha256, model=model, platform=platform, progress=progress, image=image))
     for p in done:

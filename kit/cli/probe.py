@@ -7,6 +7,9 @@ from pathlib import Path
 import click
 
 from kit.model.errors import BadInput, CheckFailed
+from kit.model.documents import dumps_pretty, read_json_file, require_valid
+from kit.build.probe import identity_differences, observed_identity
+from kit.build.installed import installed_differences, installed_versions, record_differences
 
 
 @click.command(name="probe")
@@ -29,8 +32,6 @@ def command(check_stack, check_lock, source_roots, no_conformance, as_json):
       kit probe --check-stack stack.json --source-root vime=../vime --json
       kit probe --check-stack /opt/rlk/stack.json --check-lock /opt/rlk/lock.json
     """
-    from kit.model.documents import dumps_pretty, read_json_file, require_valid
-    from kit.build.probe import identity_differences, observed_identity
 
     stack = None
     if check_stack is not None:
@@ -48,7 +49,6 @@ def command(check_stack, check_lock, source_roots, no_conformance, as_json):
     observed = observed_identity(stack, source_roots=roots, include_conformance=not no_conformance)
     differences = identity_differences(observed, stack) if stack is not None else []
     if check_lock is not None:
-        from kit.build.installed import installed_differences, installed_versions, record_differences
 
         lock = require_valid(read_json_file(check_lock), str(check_lock), "lock")
         differences += installed_differences(lock, installed_versions()) + record_differences()

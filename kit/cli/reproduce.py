@@ -8,6 +8,9 @@ from pathlib import Path
 import click
 
 from kit.cli._output import emit_json
+from kit.cli.run import workspace_from
+from kit.run.execute import RunRequest, execute
+from kit.run.reproduce import reproduce
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,9 +29,6 @@ def command(run_dir, workspace, allow_dirty, as_json):
     Example:
       kit reproduce .workspace/runs/smoke-consistency-n10-s1234-20261204T050000Z
     """
-    from kit.cli.run import workspace_from
-    from kit.run.execute import RunRequest, execute
-    from kit.run.reproduce import reproduce
 
     log = (lambda s: None) if as_json else (lambda s: click.echo(f"kit: {s}", err=True))
     report = reproduce(run_dir, workspace_from(workspace), execute, RunRequest,

@@ -10,7 +10,14 @@ import click
 
 from kit.cli._output import emit_json
 from kit.cli.plan import arm_selection_options, select_arm
+from kit.model.engine_traits import traits
 from kit.model.errors import BadInput
+from kit.run.request import RunRequest, check_workspace
+from kit.run.plan import TopologyOverrides
+from kit.run.attach import attach
+from kit.run.execute import execute
+from kit.model.documents import read_json_file
+from kit.run.replicates import parse_seeds, run_replicates
 
 
 def default_workspace() -> Path:
@@ -19,7 +26,6 @@ def default_workspace() -> Path:
 
 def workspace_from(flag: Path | None) -> Path:
     """--workspace, else $KIT_WORKSPACE, else ./.workspace; a file there is bad input naming its source."""
-    from kit.run.execute import check_workspace
 
     if flag is not None:
         check_workspace(flag, "--workspace")
@@ -90,8 +96,6 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
       kit run --arm G10 --dry-run --json                      # the plan, nothing created
       kit verify .workspace/runs/<run-id>
     """
-    from kit.run.plan import TopologyOverrides
-    from kit.run.execute import RunRequest, attach, execute
 
     log = (lambda s: None) if as_json else (lambda s: click.echo(f"kit: {s}", err=True))
     if attach_dir is not None:
@@ -110,10 +114,9 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
     arm = select_arm(arm_ref, mode)
     request = RunRequest(arm=arm, workspace=workspace_from(workspace),
                          overrides=TopologyOverrides(tp_size, cp_size, rollout_tp_size, rollout_cp_size),
-                         runtime=runtime or ("local" if arm.engine == "smoke" else "docker"), image=image, ray_address=ray_address, network=network, run_id=run_id, ray_head=ray_head, model=model, checkpoint=checkpoint, prompt_data=prompt_data,
+                         runtime=runtime or ("local" if traits(arm.engine).runs_on_host else "docker"), image=image, ray_address=ray_address, network=network, run_id=run_id, ray_head=ray_head, model=model, checkpoint=checkpoint, prompt_data=prompt_data,
                          rollouts=rollouts, detach=not wait, dry_run=dry_run, allow_dirty=allow_dirty, sign_key=sign_key)
     if seeds is not None:
-        from kit.run.replicates import parse_seeds, run_replicates
 
         group = run_replicates(request, parse_seeds(seeds), execute, progress=None if as_json else sys.stderr, log=log)
         emit_json(group) if as_json else click.echo("\n".join(
@@ -145,7 +148,6 @@ def _report(outcome, as_json: bool) -> None:
 
 
 def _status_document(outcome) -> dict:
-    from kit.model.documents import read_json_file
 
     return read_json_file(outcome.run_dir / "status.json")
 

@@ -8,6 +8,9 @@ from pathlib import Path
 import click
 
 from kit.cli._output import emit_json
+from kit.cli.run import default_workspace
+from kit.run.attribution import render_table
+from kit.run.suite import SuiteRequest, plan_module_suite, run_module_suite
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -76,13 +79,6 @@ def module(ctx, suite_id, rollouts, stack, runtime, image, ray_address, workspac
       kit verify .workspace/runs/m1-smoke-m111
     """
     as_json = as_json or bool((ctx.obj or {}).get("json"))
-    from kit.cli.run import default_workspace
-    from kit.run.suite import (
-        SuiteRequest,
-        plan_module_suite,
-        render_table,
-        run_module_suite,
-    )
 
     request = SuiteRequest(suite_id=suite_id, rollouts=rollouts, workspace=workspace or default_workspace(), stack=stack,
                            runtime=runtime, image=image, ray_address=ray_address, allow_dirty=allow_dirty,

@@ -24,6 +24,7 @@ from kit.model import node_identity as NI
 from kit.model.accelerators import accelerator, k8s_container_fields, SHM_SIZE
 from kit.model.documents import dumps_pretty, require_valid
 from kit.model.errors import BadInput, CheckFailed
+from kit.model.stack import packages_for
 
 API_VERSION = "ray.io/v1"
 KUBERNETES_VERSION = "1.33"          # the schemas the pod templates are checked against
@@ -72,7 +73,6 @@ def render(arm, *, image: str, platform: str, workers: int = 1, gpus_per_pod: in
         raise BadInput(f"--platform {platform}: stack {arm.stack.name} has {', '.join(arm.stack.document['platforms'])}")
     if workers < 0:
         raise BadInput(f"--workers {workers}: give 0 or more")
-    from kit.model.stack import packages_for
 
     gpus = 0 if platform == "cpu" else (arm.document.get("topology", {}).get("gpus", 0) if gpus_per_pod is None
                                          else gpus_per_pod)

@@ -22,12 +22,16 @@ from pathlib import Path
 from typing import Callable
 
 from kit.build import layout as L
-from kit.build.images import engine            # Docker access; moves to kit.adapters.docker with the adapter
+from kit.adapters.docker import engine
 from kit.model import node_identity as NI
-from kit.model.accelerators import docker_py_options
 from kit.model.documents import read_json_file, replace_document, require_valid
 from kit.model.errors import BadInput, CheckFailed
-from kit.runtimes import free_port, wait_for_jobs_api
+from kit.adapters.ray import wait_for_jobs_api
+from kit.runtimes.base import free_port
+import socket
+from kit.build.images import check_image
+from kit.runtimes.docker import DockerRuntime
+from kit.adapters.docker import container_options
 
 CLUSTER_LABEL = f"{L.LABEL_PREFIX}.cluster"
 DASHBOARD_PORT = 8265
@@ -80,8 +84,6 @@ def up(arm, *, nodes: int, workspace: Path, image: str | None = None, worker_ima
        log: Callable[[str], None] = lambda s: None, timeout_s: float = 180.0) -> dict:
     """Start the cluster; returns its state (status ``up``). ``worker_images[i]`` replaces the image of
     worker i+1 (a rehearsal of a node from another image: ``kit run`` must refuse it)."""
-    from kit.build.images import check_image
-    from kit.runtimes.docker import DockerRuntime
 
     if nodes < 2:
         raise BadInput(f"--local {nodes}: a cluster has at least 2 nodes (one head, one worker)")
@@ -163,12 +165,10 @@ def up(arm, *, nodes: int, workspace: Path, image: str | None = None, worker_ima
 
 
 def _host() -> str:
-    import socket
     return socket.gethostname()
 
 
 def _container_options(platform: str) -> dict:
-    from kit.runtimes.docker import container_options
     return container_options(platform)
 
 

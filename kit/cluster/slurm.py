@@ -26,6 +26,8 @@ from kit.build import layout as L
 from kit.model import node_identity as NI
 from kit.model.accelerators import accelerator, docker_run_flags
 from kit.model.errors import BadInput, CheckFailed
+from kit.build.images import engine
+from kit.runtimes.docker import DockerRuntime
 
 RUNTIMES = ("docker", "pyxis", "apptainer")
 JOB_LABEL = f"{L.LABEL_PREFIX}.slurm-job"
@@ -170,8 +172,6 @@ def resolve_image(arm, image: str | None, container_runtime: str) -> str:
         return image
     if image and IMAGE_ID.match(image):
         return image
-    from kit.build.images import engine            # Docker access; kit.adapters.docker once it lands
-    from kit.runtimes.docker import DockerRuntime
 
     client = engine()
     ref = image or DockerRuntime.image_for_arm(client, arm)

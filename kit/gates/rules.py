@@ -20,6 +20,7 @@ from functools import cached_property, lru_cache
 from typing import Callable
 
 from kit.engines.vime.records import ANSI_RE, Record, RecordConflict, collect_steps, parse_records
+from kit.model.engine_traits import traits
 
 
 MISMATCH_KEY = "train/train_current_rollout_logprob_mismatch_count"
@@ -229,7 +230,7 @@ def _routes(ev: RunEvidence, p: dict) -> list[str]:
             want = _expected_side(case, index)
             routes = by_key.get((target, module), [])
             if not routes:
-                if ev.arm["engine"] == "smoke":
+                if traits(ev.arm["engine"]).routes_required:
                     out.append(f"no [RL-Kernel][route] line for target {target} module {module}")
                 continue
             for route in routes:
@@ -307,7 +308,7 @@ def _ranges(values: list[int]) -> str:
 
 
 def _graph_required(ev: RunEvidence) -> bool:
-    return ev.arm["engine"] == "vime" and ev.arm["graph"]["mode"] != "NONE"
+    return traits(ev.arm["engine"]).captures_graphs and ev.arm["graph"]["mode"] != "NONE"
 
 
 # --- the registry: rule kinds and conditions a gate set may name -------------------------------------
@@ -322,9 +323,9 @@ CONDITIONS: dict[str, tuple[Callable[[RunEvidence], bool], str]] = {
     "always": (lambda ev: True, "always"),
     "all-operators-strict": (lambda ev: ev.all_strict, "every operator is R/R"),
     "graph-captured": (_graph_required, "vime arm with graph mode other than NONE"),
-    "routes-required-or-printed": (lambda ev: ev.arm["engine"] == "smoke" or bool(ev.routes),
+    "routes-required-or-printed": (lambda ev: traits(ev.arm["engine"]).routes_required or bool(ev.routes),
                                    "smoke arm, or the run printed route lines"),
-    "model-identity-in-log": (lambda ev: ev.arm["engine"] == "smoke" and bool((ev.inputs or {}).get("model")),
+    "model-identity-in-log": (lambda ev: traits(ev.arm["engine"]).model_identity_in_log and bool((ev.inputs or {}).get("model")),
                               "smoke arm whose manifest records the model hashes"),
     "readbacks-written": (lambda ev: bool(ev.readbacks), "the run wrote readbacks/*.json"),
 }

@@ -35,6 +35,9 @@ from kit import __version__
 from kit.model.documents import read_json_file, require_valid, schema_id
 from kit.model.errors import BadInput
 from kit.inputs.files import sha256_stream
+import datetime as _dt
+from kit.model.documents import replace_document
+from kit.model.errors import KitError
 
 CHUNK = 1 << 20
 SHA256_RE = re.compile(r'^(?:W/)?"?([0-9a-f]{64})"?$')
@@ -151,9 +154,7 @@ RECORD_SCHEMA = schema_id("download-record")
 
 
 def _write_record(got: Download) -> None:
-    import datetime as _dt
 
-    from kit.model.documents import replace_document
 
     doc = {"schema": RECORD_SCHEMA, "url": got.url, "file": got.path.name, "sha256": got.sha256, "size": got.size,
            "checksum_source": got.checksum_source, "expected_sha256": got.expected_sha256,
@@ -166,7 +167,6 @@ def _write_record(got: Download) -> None:
 def read_record(dest: Path | str) -> dict | None:
     """The record :func:`download` wrote beside ``dest``; None when there is none or it does not read
     (a file put there by hand, or by a kit that kept no record: how it was checked is unknown)."""
-    from kit.model.errors import KitError
 
     try:
         return require_valid(read_json_file(record_path(Path(dest))), str(record_path(Path(dest))), RECORD_SCHEMA)

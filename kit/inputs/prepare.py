@@ -27,26 +27,23 @@ per-file hash cache ``cache/hashes.json`` and a ``downloads/*.partial`` that the
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
-import shlex
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, TextIO
+from typing import Iterable, TextIO
 from urllib.parse import urlparse
 
 from kit import __version__
 
-from kit.build import layout as image_layout
 from kit.model.documents import read_json_file, require_valid, schema_id, write_new_document
 from kit.model.errors import BadInput, CheckFailed
+from kit.model.workspace import DATASET_NAME, PUBLISHED_URL, Workspace, _short
 from kit.inputs.files import HashCache, hash_file_cached, hash_tree, list_tree, tree_sha256
+from kit.inputs.download import download, read_record, record_path
+from kit.inputs.parquet import COLUMNS, RECORD_FIELDS, convert_rows, open_parquet, read_rows
 
 PROVENANCE_SCHEMA = schema_id("provenance")
 
-PUBLISHED_URL = ("https://huggingface.co/datasets/BytedTsinghua-SIA/DAPO-Math-17k/"
-                 "resolve/main/data/train-00000-of-00001.parquet")
 PUBLISHED_OUTPUT_SHA256 = "73e2166517fd635e1157aff17202f86a5cced44ca1669e6f49d2d63a59bf509d"
 # sha256 of parquet files known to be the published train split. Neither the reference study nor any
 # other source consulted states it; add the hub's LFS sha256 (a published download's provenance records
@@ -54,60 +51,7 @@ PUBLISHED_OUTPUT_SHA256 = "73e2166517fd635e1157aff17202f86a5cced44ca1669e6f49d2d
 # output hash does not depend on it (see the module docstring).
 PUBLISHED_PARQUET_SHA256: frozenset[str] = frozenset()
 
-COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
-RECORD_FIELDS = ("prompt", "label", "data_source", "ability", "source_index", "reward_style")
-DATASET_NAME = "dapo-math-17k"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
-
-
-# --- where things go in a workspace ----------------------------------------------------------
-
-@dataclass(frozen=True)
-class Workspace:
-    """The layout of a workspace directory: ``data/``, ``downloads/``, ``checkpoints/``, ``cache/``."""
-
-    root: Path
-
-    @property
-    def data(self) -> Path:
-        return self.root / "data" / f"{DATASET_NAME}.jsonl"
-
-    @property
-    def data_provenance(self) -> Path:
-        return self.root / "data" / f"{DATASET_NAME}.provenance.json"
-
-    @property
-    def hash_cache(self) -> Path:
-        return self.root / "cache" / "hashes.json"
-
-    @property
-    def provenance_dir(self) -> Path:
-        return self.root / "provenance"
-
-    def download_path(self, url: str) -> Path:
-        name = Path(urlparse(url).path).name or "download"
-        tag = "published" if url == PUBLISHED_URL else _short(_sha256_text(url))
-        return self.root / "downloads" / f"{tag}-{name}"
-
-    def model_provenance(self, model_tree_sha256: str) -> Path:
-        return self.provenance_dir / f"model-{_short(model_tree_sha256)}.json"
-
-    def checkpoint_dir(self, stack_sha256: str, model_tree_sha256: str) -> Path:
-        """One converted checkpoint per (stack, model) pair: the converter's Megatron shapes the bytes."""
-        return self.root / "checkpoints" / f"torch_dist-{_short(stack_sha256)}-{_short(model_tree_sha256)}"
-
-    def checkpoint_provenance(self, checkpoint_dir: Path) -> Path:
-        return checkpoint_dir.with_name(checkpoint_dir.name + ".provenance.json")
-
-
-def _short(hexdigest: str) -> str:
-    return hexdigest[:12]
-
-
-def _sha256_text(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _now() -> str:
@@ -140,104 +84,6 @@ def matches_published_output(document: dict) -> bool:
 def is_known_published_parquet(location: str, source_sha256: str) -> bool:
     """The published URL, or a file whose sha256 is a known published parquet hash."""
     return location == PUBLISHED_URL or source_sha256 in PUBLISHED_PARQUET_SHA256
-
-
-# --- parquet -> JSONL (pure conversion) --------------------------------------------------------
-
-@dataclass(frozen=True)
-class ConversionCounts:
-    rows_read: int
-    rows_written: int
-
-    @property
-    def duplicates_removed(self) -> int:
-        return self.rows_read - self.rows_written
-
-
-def open_parquet(source: Path):
-    """The parquet file, after checking it is readable and has the five DAPO columns (reads no rows)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if not source.exists():
-        raise BadInput(f"{source}: no such file (expected the DAPO-Math-17k parquet)")
-    if not source.is_file():
-        raise BadInput(f"{source}: not a regular file (expected the DAPO-Math-17k parquet)")
-    try:
-        parquet = pq.ParquetFile(source)
-        names = set(parquet.schema_arrow.names)
-    except (pa.ArrowException, OSError) as exc:
-        raise BadInput(f"{source}: not a readable parquet file ({_first_line(exc)})") from None
-    missing = [c for c in COLUMNS if c not in names]
-    if missing:
-        raise BadInput(f"{source}: missing column(s) {', '.join(missing)}; "
-                       f"a DAPO-Math-17k parquet has {', '.join(COLUMNS)}")
-    return parquet
-
-
-def read_rows(source: Path, batch_size: int = 4096) -> Iterator[dict]:
-    """The five columns of a DAPO parquet file, row by row; BadInput when the file cannot serve them."""
-    import pyarrow as pa
-
-    parquet = open_parquet(source)
-    try:
-        for batch in parquet.iter_batches(batch_size=batch_size, columns=list(COLUMNS)):
-            yield from batch.to_pylist()
-    except (pa.ArrowException, OSError) as exc:
-        raise BadInput(f"{source}: corrupt parquet data ({_first_line(exc)})") from None
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-def record_from_row(row: dict, row_number: int) -> tuple[str, dict]:
-    """``(source_index, record)`` for one parquet row; the record's key order is the file format.
-
-    >>> record_from_row({"data_source": "d", "prompt": [{"content": "1+1?", "role": "user"}],
-    ...   "ability": "MATH", "reward_model": {"ground_truth": "2", "style": "rule"},
-    ...   "extra_info": {"index": "a"}}, 1)[1]["label"]
-    '2'
-    """
-    extra = row.get("extra_info")
-    index = extra.get("index") if isinstance(extra, dict) else None
-    if not isinstance(index, str) or not index:
-        raise BadInput(f"row {row_number}: extra_info.index is {index!r}; expected a non-empty string")
-    reward = row.get("reward_model")
-    reward = reward if isinstance(reward, dict) else {}
-    label = reward.get("ground_truth")
-    if not isinstance(label, str) or not label:
-        raise BadInput(f"row {row_number} (index {index}): reward_model.ground_truth is {label!r}; "
-                       "expected a non-empty string")
-    prompt = row.get("prompt")
-    if not isinstance(prompt, list) or not prompt:
-        raise BadInput(f"row {row_number} (index {index}): prompt is {type(prompt).__name__}; "
-                       "expected a non-empty chat list")
-    record = {
-        "prompt": prompt,
-        "label": label,
-        "data_source": row.get("data_source"),
-        "ability": row.get("ability"),
-        "source_index": index,
-        "reward_style": reward.get("style"),
-    }
-    return index, record
-
-
-def convert_rows(rows: Iterable[dict], out: TextIO) -> ConversionCounts:
-    """Write one compact JSON line per first occurrence of ``extra_info.index``; non-ASCII kept as is."""
-    seen: set[str] = set()
-    read = written = 0
-    for read, row in enumerate(rows, start=1):
-        index, record = record_from_row(row, read)
-        if index in seen:
-            continue
-        seen.add(index)
-        out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
-        out.write("\n")
-        written += 1
-    return ConversionCounts(read, written)
 
 
 # --- the dataset step ------------------------------------------------------------------------------
@@ -376,7 +222,6 @@ def _existing_dataset(ws: Workspace, source: str, cache: HashCache) -> Prepared 
 def _fetch_source(ws: Workspace, source: str, progress, cache) -> tuple[str, Path, str | None]:
     """``(location recorded, local file, how its checksum was verified)``."""
     if is_url(source):
-        from kit.inputs.download import download
 
         dest = ws.download_path(source)
         if dest.is_file():  # only ever renamed into place after a complete, checked transfer
@@ -396,7 +241,6 @@ def _reused_download_check(url: str, dest: Path, cache: HashCache) -> str | None
     """What an earlier download in downloads/ was checked against when it arrived, as its record says:
     ``caller``, ``server`` or None (size only, or no record: unknown). Its bytes must still hash as
     recorded; a file changed since is refused rather than trusted."""
-    from kit.inputs.download import read_record, record_path
 
     record = read_record(dest)
     if record is None or record["url"] != url or record["file"] != dest.name:
@@ -487,205 +331,3 @@ def prepare_model(workspace: Path, model_dir: Path, progress: TextIO | None = No
     return Prepared("model", model_dir, where, doc, reused=False)
 
 
-# --- the checkpoint step ---------------------------------------------------------------------------
-
-MODEL_ARGS_SCRIPT = "scripts/models/qwen3-8B.sh"
-CONVERTER = "tools/convert_hf_to_torch_dist.py"
-
-
-def stack_source_names(stack_document: dict) -> tuple[str, str]:
-    """The names of the stack's VIME and Megatron sources, whose checkouts the converter runs from."""
-    names = [s["name"] for s in stack_document.get("sources", [])]
-    vime = next((n for n in names if n == "vime"), None)
-    megatron = next((n for n in names if n.startswith("megatron")), None)
-    if not vime or not megatron:
-        raise BadInput(f"stack {stack_document.get('name')}: the checkpoint converter needs a 'vime' and a "
-                       f"'megatron*' source; it has {', '.join(names) or 'none'}")
-    return vime, megatron
-
-
-def conversion_command(stack_document: dict, output_dir: str) -> list[str]:
-    """The in-image HF -> torch_dist command (reference §8.3 prepare step 4) with in-image paths.
-
-    ``output_dir`` is a path inside the container (under ``/workspace``); the model is read-only at
-    ``/inputs/model``. Example result::
-
-        ["bash", "-lc", "set -euo pipefail; source /opt/rlk/src/vime/scripts/models/qwen3-8B.sh; "
-         "PYTHONPATH=/opt/rlk/src/megatron /opt/rlk/venv/bin/python "
-         "/opt/rlk/src/vime/tools/convert_hf_to_torch_dist.py \\"${MODEL_ARGS[@]}\\" "
-         "--hf-checkpoint /inputs/model --save /workspace/checkpoints/.torch_dist-...partial"]
-    """
-    vime, megatron = stack_source_names(stack_document)
-    vime_dir = image_layout.source_dir(vime)
-    script = (
-        "set -euo pipefail; "
-        f"source {shlex.quote(f'{vime_dir}/{MODEL_ARGS_SCRIPT}')}; "
-        f"PYTHONPATH={shlex.quote(image_layout.source_dir(megatron))} {shlex.quote(image_layout.PYTHON)} "
-        f"{shlex.quote(f'{vime_dir}/{CONVERTER}')} \"${{MODEL_ARGS[@]}}\" "
-        f"--hf-checkpoint {shlex.quote(image_layout.MODEL_DIR)} --save {shlex.quote(output_dir)}"
-    )
-    return ["bash", "-lc", script]
-
-
-def check_conversion_request(arm_name: str, arm_document: dict, stack_document: dict, platform: str) -> None:
-    """BadInput naming the flag when the arm is not a vime arm, the platform is not a GPU one or the
-    stack lacks the converter's sources. Reads nothing."""
-    if arm_document.get("engine") != "vime":
-        raise BadInput(f"--arm {arm_name}: engine {arm_document.get('engine')!r} uses no Megatron checkpoint; "
-                       "--convert-checkpoint needs a vime arm")
-    if platform not in ("cuda", "rocm"):
-        raise BadInput(f"--platform {platform}: the converter runs on cuda or rocm")
-    stack_source_names(stack_document)
-
-
-def find_conversion_image(arm_name: str, arm_document: dict, stack_document: dict, stack_sha256: str,
-                          platform: str = "cuda"):
-    """The arm's image for the in-image conversion, after every read-only check of the request.
-
-    BadInput (exit 2) naming the flag when the request is unusable (:func:`check_conversion_request`),
-    no Docker engine answers (naming --convert-checkpoint, dockerd and DOCKER_HOST), or the image is
-    not built (naming the ``kit build`` command that makes it).
-    """
-    check_conversion_request(arm_name, arm_document, stack_document, platform)
-    stack_name = stack_document.get("name", arm_document["stack"]["name"])
-
-    import docker
-
-    from kit.run.doctor import find_stack_image
-    from kit.build.images import engine
-
-    try:
-        client = engine()
-    except BadInput as exc:  # names dockerd and DOCKER_HOST
-        raise BadInput(f"--convert-checkpoint: {exc}; the conversion runs inside the arm's image") from None
-    try:
-        image = find_stack_image(stack_name, stack_sha256, platform, client)
-    except docker.errors.DockerException as exc:
-        raise BadInput(f"--convert-checkpoint: the Docker engine cannot list images ({_first_line(exc)[:200]})") from None
-    if image is None:
-        raise BadInput(f"image not built: no rlk-kit/{stack_name}:{platform}-* image for stack {stack_name} "
-                       f"(sha256 {stack_sha256}) on the Docker engine; run kit build {platform} --arm {arm_name}")
-    return image
-
-
-def convert_checkpoint(
-    workspace: Path,
-    *,
-    arm_name: str,
-    arm_document: dict,
-    stack_document: dict,
-    stack_sha256: str,
-    model: Prepared,
-    platform: str = "cuda",
-    progress: TextIO | None = None,
-    image=None,
-) -> Prepared:
-    """Run the converter inside the arm's image (docker-py) and record command and output tree hash.
-
-    ``image`` is the one :func:`find_conversion_image` found; without it the lookup happens here.
-    Refuses with BadInput (exit 2) when no engine answers or the arm's image is not on the engine,
-    naming the expected image and the ``kit build`` command that makes it.
-    """
-    stack_name = stack_document.get("name", arm_document["stack"]["name"])
-    ws = Workspace(Path(workspace))
-    final = ws.checkpoint_dir(stack_sha256, model.document["tree_sha256"])
-    record = ws.checkpoint_provenance(final)
-    if final.exists() and record.exists():
-        return Prepared("checkpoint", final, record, read_provenance(record, "checkpoint"), reused=True)
-    if final.exists():
-        raise BadInput(f"{final}: exists without its provenance; remove it and run again")
-    if image is None:
-        image = find_conversion_image(arm_name, arm_document, stack_document, stack_sha256, platform)
-
-    partial = final.with_name(f".{final.name}.partial")
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    in_image = f"{image_layout.WORKSPACE}/{partial.relative_to(ws.root).as_posix()}"
-    command = conversion_command(stack_document, in_image)
-    try:
-        _run_in_image(image, command, ws.root, Path(model.document["path"]), platform, progress)
-        if not partial.is_dir() or not list_tree(partial):
-            raise CheckFailed(f"checkpoint conversion in {image.tags[0] if image.tags else image.id} wrote "
-                              f"nothing to {partial}")
-        os.rename(partial, final)
-    finally:
-        if partial.exists():
-            shutil.rmtree(partial, ignore_errors=True)
-    files = hash_tree(final, ws.hash_cache)
-    doc = {
-        "schema": PROVENANCE_SCHEMA,
-        "kind": "checkpoint",
-        "created_at": _now(),
-        "kit_version": __version__,
-        "arm": arm_name,
-        "stack": {"name": stack_name, "sha256": stack_sha256},
-        "image": {"ref": image.tags[0] if image.tags else None, "id": image.id},
-        "platform": platform,
-        "model_tree_sha256": model.document["tree_sha256"],
-        "command": command,
-        "output": final.relative_to(ws.root).as_posix(),
-        "files": files,
-        "tree_sha256": tree_sha256(files),
-    }
-    write_new_document(record, doc)
-    return Prepared("checkpoint", final, record, doc, reused=False)
-
-
-def _run_in_image(image, command: list[str], workspace: Path, model_dir: Path, platform: str, progress) -> None:
-    import docker
-    from docker.types import DeviceRequest
-
-    client = docker.from_env()
-    kwargs: dict = {}
-    if platform == "cuda":
-        kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    else:
-        kwargs["devices"] = ["/dev/kfd:/dev/kfd", "/dev/dri:/dev/dri"]
-        kwargs["group_add"] = ["video"]
-    container = client.containers.run(
-        image.id, command, detach=True, shm_size="16g", working_dir=image_layout.WORKSPACE,
-        volumes={str(model_dir.resolve()): {"bind": image_layout.MODEL_DIR, "mode": "ro"},
-                 str(workspace.resolve()): {"bind": image_layout.WORKSPACE, "mode": "rw"}},
-        **kwargs)
-    tail: list[str] = []
-    try:
-        for chunk in container.logs(stream=True, follow=True):
-            text = chunk.decode("utf-8", "replace")
-            tail = (tail + text.splitlines())[-20:]
-            if progress is not None:
-                progress.write(text)
-        status = container.wait().get("StatusCode", 1)
-    finally:
-        container.remove(force=True)
-    if status != 0:
-        raise CheckFailed(f"checkpoint conversion exited with {status}; last lines:\n" + "\n".join(tail))
-
-
-def select_checkpoint(ws, stack_name: str, stack_sha256: str,
-                      platform: str | None = None) -> tuple[Path | None, dict | None, str]:
-    """The converted checkpoint an arm of this stack uses (kit run's default, doctor's check):
-    ``(provenance path, document, how it was chosen)``.
-
-    Only checkpoints whose provenance names the arm's full stack sha256 qualify (the directory name
-    holds only 12 hex digits of it). Among several (other models, other platforms), the one of the
-    host's platform is preferred, then the most recently converted; the note says so. A provenance
-    that does not read is skipped here; ``(None, None, note)`` when none qualifies.
-    """
-    candidates = []
-    for path in sorted((ws.root / "checkpoints").glob("*.provenance.json")):
-        try:
-            doc = read_provenance(path, "checkpoint")
-        except BadInput:
-            continue
-        if doc["stack"]["sha256"] == stack_sha256:
-            candidates.append((path, doc))
-    if not candidates:
-        return None, None, "none converted with this stack"
-    if platform is not None and any(d["platform"] == platform for _, d in candidates):
-        candidates = [(p, d) for p, d in candidates if d["platform"] == platform]
-    candidates.sort(key=lambda pd: (pd[1]["created_at"], pd[0].name))
-    path, doc = candidates[-1]
-    note = "" if len(candidates) == 1 else (f"; the newest of {len(candidates)} checkpoints of stack "
-                                            f"{stack_name} for {doc['platform']}")
-    return path, doc, note

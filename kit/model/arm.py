@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from kit.model.engine_traits import traits
 from kit.model.stack import Stack
 from kit.model.topology import Topology, accepted_capture_ceilings, evidence_level, topology_problems
 
@@ -50,7 +51,7 @@ class Arm:
     @property
     def platform(self) -> str:
         """The image platform an arm runs on by default."""
-        return "cpu" if self.engine == "smoke" else "cuda"
+        return traits(self.engine).platform
 
 
 def mode_operators(mode: str) -> dict[str, str]:
@@ -76,13 +77,9 @@ def with_overrides(doc: dict, *, operators: dict | None = None, topology: dict |
     return out
 
 
-# The reward each engine implements; an arm without workload.algorithm gets GRPO with it.
-ENGINE_REWARD = {"vime": "deepscaler", "smoke": "copy", "gpu": "successor"}
-
-
 def algorithm_of(doc: dict) -> dict:
     """The arm's ``workload.algorithm``, or the default an older arm without it means."""
-    return doc["workload"].get("algorithm") or {"advantage_estimator": "grpo", "reward_model": ENGINE_REWARD[doc["engine"]]}
+    return doc["workload"].get("algorithm") or {"advantage_estimator": "grpo", "reward_model": traits(doc["engine"]).reward_model}
 
 
 def arm_rule_problems(doc: dict, stack: Stack | None) -> list[tuple[str, str]]:
@@ -93,7 +90,7 @@ def arm_rule_problems(doc: dict, stack: Stack | None) -> list[tuple[str, str]]:
             out.append(("/stack/name", f"stack {stack.name!r} is abstract (a shared layer); reference a concrete stack"))
         if doc["stack"]["sha256"] != stack.sha256:
             out.append(("/stack/sha256", f"is {doc['stack']['sha256']}, but stack {stack.name!r} resolves to {stack.sha256}"))
-        platform = "cpu" if doc["engine"] == "smoke" else "cuda"
+        platform = traits(doc["engine"]).platform
         if stack.platform(platform) is None:
             out.append(("/stack/name", f"stack {stack.name!r} has no {platform} platform, which a {doc['engine']} arm runs on"))
     model = doc["model"]
@@ -112,7 +109,7 @@ def arm_rule_problems(doc: dict, stack: Stack | None) -> list[tuple[str, str]]:
                     f"{wl['global_batch_size']} must equal rollout_batch_size × samples_per_prompt = "
                     f"{wl['rollout_batch_size'] * wl['samples_per_prompt']} (one optimizer step per rollout)"))
     # each engine implements one reward: VIME's deepscaler math reward, the smoke workload's copy reward
-    reward = ENGINE_REWARD[doc["engine"]]
+    reward = traits(doc["engine"]).reward_model
     if "algorithm" in wl and wl["algorithm"]["reward_model"] != reward:
         out.append(("/workload/algorithm/reward_model", f"{wl['algorithm']['reward_model']!r}: a {doc['engine']} arm "
                                                         f"is rewarded by {reward!r}"))
@@ -132,12 +129,13 @@ def arm_rule_problems(doc: dict, stack: Stack | None) -> list[tuple[str, str]]:
         if sizes not in ([list(range(1, k + 1)) for k in ceilings]):
             shown = " or ".join(f"[1..{k}]" for k in ceilings)
             out.append(("/graph/capture_sizes", f"{sizes} is not consistent with the engines; expected {shown}"))
-    expected_level = "smoke" if doc["engine"] == "smoke" else evidence_level(topo)
+    fixed_level = traits(doc["engine"]).fixed_evidence_level
+    expected_level = fixed_level or evidence_level(topo)
     if not any(p[0].startswith("/topology") for p in out) and doc["evidence_level"] != expected_level:
         out.append(("/evidence_level", f"is {doc['evidence_level']!r}, the topology gives {expected_level!r} "
                                        "(reference only for TP4/CP2 with rollout TP4/CP1)"))
-    if doc["engine"] == "smoke" and doc["evidence_level"] != "smoke":
-        out.append(("/evidence_level", "a smoke arm's evidence level is 'smoke'"))
+    if fixed_level and doc["evidence_level"] != fixed_level:
+        out.append(("/evidence_level", f"a {doc['engine']} arm's evidence level is {fixed_level!r}"))
     return out
 
 

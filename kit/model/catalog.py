@@ -19,6 +19,7 @@ from kit.model.documents import read_json_file, require_valid, schema_problems
 from kit.model.errors import BadInput, KitError
 from kit.model.lock import LOCK_SCHEMA
 from kit.model.stack import Stack, StackResolutionError, resolve_stack_document
+import sys
 
 
 def default_manifests_dir() -> Path:
@@ -41,7 +42,6 @@ def command_line_source(value: str) -> str | None:
     Errors name the flag a user typed; the catalog is also used outside any command, and then (or when
     no parameter holds the value) this is None.
     """
-    import sys
 
     click = sys.modules.get("click")  # only a running CLI has imported it
     ctx = click.get_current_context(silent=True) if click is not None else None

@@ -12,7 +12,7 @@ Example::
 
 from __future__ import annotations
 
-from kit.build.layout import LABEL_PREFIX
+from kit.model.labels import LABEL_PREFIX
 
 ENV = "RLK_NODE_IDENTITY"                     # set on the node (container environment)
 EXPECTED_ENV = "RLK_EXPECTED_NODE_IDENTITY"   # set on the job: what every actor's node must declare

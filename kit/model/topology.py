@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kit.model.engine_traits import traits
+
 REFERENCE_LAYOUT = (4, 2, 4, 1)   # (tp, cp, rollout_tp, rollout_cp) of the published runs
 ROLLOUT_CP_REFUSAL = (
     "rollout CP > 1 is refused: the stack's vLLM {vllm} has no prefill-context-parallel support for "
@@ -111,7 +113,7 @@ def derive_layout(topo: Topology, workload: dict, engine: str) -> dict:
         "offload_rollout": True,
         "rollout_gpus_per_engine": topo.rollout_tp * topo.rollout_cp,
         "rollout_engines": rollout_engines(topo),
-        "evidence_level": "smoke" if engine == "smoke" else evidence_level(topo),
+        "evidence_level": traits(engine).fixed_evidence_level or evidence_level(topo),
         "vllm_gpu_memory_utilization": explicit if explicit is not None else default_memory_utilization(topo),
         "offload_rule": "train offloaded only when training TP and rollout TP are both 1",
     }

@@ -18,7 +18,8 @@ from kit.build import layout as L
 from kit.model.arm import Arm, with_overrides
 from kit.model.errors import BadInput
 from kit.model.topology import Topology, accepted_tp_sizes, derive_layout, max_engine_decode_batch, topology_problems
-from kit.engines.vime import command as vime
+from kit.engines import get_engine
+from kit.engines.base import submission_id
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 FLAG_OF = {"tp": "--tp-size", "cp": "--cp-size", "rollout_tp": "--rollout-tp-size", "rollout_cp": "--rollout-cp-size",
@@ -77,18 +78,18 @@ def apply_topology_overrides(arm: Arm, ov: TopologyOverrides) -> Topology:
     return topo
 
 
-def planned_capture_sizes(arm: Arm, topo: Topology, launcher: vime.LauncherRevision | None = None) -> list[int]:
+def planned_capture_sizes(arm: Arm, topo: Topology) -> list[int]:
     """The arm's capture sizes; recomputed for a new topology by the same rule the arm used, or the
-    ones the launcher revision fixes (the historical one captured 1..rollout_batch_size×samples)."""
+    ones the engine's revision fixes (VIME's historical launcher captured 1..rollout_batch_size×samples)."""
     graph = arm.document["graph"]
     if graph["mode"] == "NONE":
         return []
-    fixed = vime.launcher_capture_sizes(arm.document, launcher) if launcher is not None else None
+    fixed = get_engine(arm.engine).fixed_capture_sizes(arm.document, arm.stack)
     if fixed is not None:
-        if graph["capture_sizes"] != fixed:
-            raise BadInput(f"{arm.source_file}: /graph/capture_sizes {graph['capture_sizes']} cannot be run by the "
-                           f"{launcher.name} launcher, which captures 1..{max(fixed)} (reference §2.3)")
-        return fixed
+        if graph["capture_sizes"] != fixed.sizes:
+            raise BadInput(f"{arm.source_file}: /graph/capture_sizes {graph['capture_sizes']} cannot be run by "
+                           f"{fixed.fixed_by}, which captures 1..{max(fixed.sizes)} (reference §2.3)")
+        return fixed.sizes
     wl = arm.workload
     if topo == arm.topology:
         return list(graph["capture_sizes"])
@@ -105,51 +106,31 @@ def resolve_plan(arm: Arm, ov: TopologyOverrides = TopologyOverrides(), *, run_i
         raise BadInput(f"--rollouts {rollouts}: must be a positive integer")
     topo = apply_topology_overrides(arm, ov)
     doc = with_overrides(arm.document, topology=topo.to_document() if topo != arm.topology else None, rollouts=rollouts)
-    launcher = vime.launcher_for_stack(arm.stack) if arm.engine == "vime" else None
-    if launcher is not None:
-        problems = vime.launcher_problems(doc, launcher)
-        if problems:
-            pointer, message = problems[0]
-            flag = {"tp": ov.tp, "cp": ov.cp}
-            given = [f"{FLAG_OF[k]} {v}" for k, v in flag.items() if v is not None] if pointer.startswith("/topology") else []
-            where = ", ".join(given) if given else f"{arm.source_file}: {pointer}"
-            raise BadInput(f"{where}: {message}")
-    capture = planned_capture_sizes(arm, topo, launcher)
+    engine = get_engine(arm.engine)
+    problems = engine.plan_problems(doc, arm.stack)
+    if problems:
+        pointer, message = problems[0]
+        flag = {"tp": ov.tp, "cp": ov.cp}
+        given = [f"{FLAG_OF[k]} {v}" for k, v in flag.items() if v is not None] if pointer.startswith("/topology") else []
+        where = ", ".join(given) if given else f"{arm.source_file}: {pointer}"
+        raise BadInput(f"{where}: {message}")
+    capture = planned_capture_sizes(arm, topo)
     doc["graph"] = {"mode": doc["graph"]["mode"], "capture_sizes": capture}
     layout = derive_layout(topo, doc["workload"], arm.engine)
-    if launcher is not None and not launcher.offload_rule:
-        layout["offload_train"] = False   # reference §2.4: the historical launcher always passed --no-offload-train
-        layout["offload_rule"] = f"the {launcher.name} launcher never offloads train (reference §2.4)"
-    if launcher is not None and launcher.default_memory_utilization is not None \
-            and doc["workload"].get("vllm_gpu_memory_utilization") is None:
-        layout["vllm_gpu_memory_utilization"] = launcher.default_memory_utilization   # reference §1.5
+    engine.adjust_layout(layout, doc, arm.stack)
     doc["evidence_level"] = layout["evidence_level"]
     run_id = check_run_id(run_id) if run_id else default_run_id(arm)
     run_dir = f"{workspace}/runs/{run_id}"
-    if arm.engine == "vime":
-        cmd = vime.train_command(doc, layout, run_dir, capture_sizes=capture, launcher=launcher)
-        argv, appended = cmd.argv, cmd.entrypoint_appended
-        env = vime.runtime_env_vars(doc, layout, run_id, run_dir, capture_sizes=capture, launcher=launcher)
-        working_dir = L.source_dir("vime")
-    else:
-        argv = [L.PYTHON, "-m", "rlk_kernels.grpo.run" if arm.engine == "gpu" else "rlk_kernels.smoke",
-                "--arm-file", f"{run_dir}/arm.json"]
-        appended = []
-        env = {"PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": str(doc["workload"]["seed"]), "RAY_USAGE_STATS_ENABLED": "0",
-               "RL_KERNEL_ATTENTION_CASE": doc["operators"]["attention"], "RL_KERNEL_FFN_CASE": doc["operators"]["ffn"],
-               "RL_KERNEL_LOGP_CASE": doc["operators"]["logp"], "RL_KERNEL_RUN_ID": run_id}
-        working_dir = run_dir
+    cmd = engine.command(doc, layout, arm.stack, run_id=run_id, run_dir=run_dir, capture_sizes=capture)
+    argv, appended, env, working_dir = cmd.argv, cmd.entrypoint_appended, cmd.env, cmd.working_dir
     platform = arm.platform
     command = {"argv": argv, "shell": shlex.join(argv), "entrypoint_appended": appended,
                "note": "complete command: nothing is appended behind it; entrypoint_appended lists the flags the "
                        "seed's aligned_python_entrypoint.sh used to add"}
     metadata = {"arm": doc["name"], "run_id": run_id, "stack_sha256": arm.stack.sha256,
                 "image_id": "<set at run time>", "manifest_sha256": "<set at run time>"}
-    if launcher is not None:
-        # plan/v1 closes only its top level: the record goes under `command`, and the revision name into the
-        # job metadata, which the run manifest keeps
-        command["launcher"] = vime.launcher_record(arm.stack, launcher)
-        metadata["launcher_revision"] = launcher.name
+    command.update(cmd.record or {})
+    metadata.update(cmd.metadata)
     return {
         "schema": "rlk-kit/plan/v1",
         "arm": doc,
@@ -161,7 +142,7 @@ def resolve_plan(arm: Arm, ov: TopologyOverrides = TopologyOverrides(), *, run_i
         "evidence_level": layout["evidence_level"],
         "command": command,
         "ray_job": {
-            "submission_id": vime.submission_id(run_id),
+            "submission_id": submission_id(run_id),
             "entrypoint": shlex.join(argv),
             "runtime_env": {"working_dir": working_dir, "env_vars": env},
             "metadata": metadata,

@@ -21,6 +21,7 @@ from pathlib import Path
 from kit.model.arm import Arm
 from kit.model.documents import replace_document, write_new_document
 from kit.model.errors import BadInput
+from kit.model.documents import read_json_file
 
 SCHEMA = "rlk-kit/replicate-group/v1"
 GROUPS = "groups"
@@ -80,7 +81,6 @@ def run_replicates(request, seeds: list[int], execute, *, group: str | None = No
 
 def group_runs(path: Path) -> tuple[list[Path], list[str]]:
     """The sealed run dirs a group document lists, in seed order, and a note per run left out."""
-    from kit.model.documents import read_json_file
 
     doc = read_json_file(path)
     runs = [r for r in doc.get("runs", []) if r.get("run_dir")]

@@ -24,19 +24,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from kit.model.documents import schema_id, sha256_of_document, write_new_document
-from kit.model.errors import BadInput, CheckFailed, KitError
+from kit.model.documents import write_new_document
+from kit.model.engine_traits import traits
+from kit.model.errors import BadInput, KitError
 from kit.evidence.bundle import utc_now
+import re
+from kit.analysis.convergence import round_rows, run_identity, summarize
+from kit.analysis.table import load_arm
+from kit.gates.rules import whole_number
+from kit.evidence import bundle as E
+from kit.model.catalog import Catalog
+from kit.run.request import RunRequest, check_request
+from kit.run.logs import SignalFlag
+from kit.run.execute import execute
+from kit.runtimes import make_runtime
+from kit.run.manifest import repository_state
+from kit.run.attribution import MATRIX_NAME, MODULE_ORDER, MODULES, summary_document
 
-MODULES = ("attention", "ffn", "logp")
-# reference §1.3: the pipeline order of the module suite
-MODULE_ORDER = ("M000", "M100", "M010", "M001", "M110", "M101", "M011", "M111")
-MATRIX_NAME = "module"
 SUITES_DIR = "suites"
 SUMMARY_FILE = "summary.json"
-SUMMARY_SCHEMA = schema_id("suite-summary")
 ID_RE_TEXT = "[A-Za-z0-9][A-Za-z0-9._-]*"
-INTERRUPTED_EXIT = 130
 RUNTIMES = ("local", "docker", "ray")
 
 
@@ -56,7 +63,7 @@ class MatrixBase:
 
     def runnable_on(self, runtime: str) -> bool:
         # the local runtime only has the embedded smoke workload; images and clusters run every engine
-        return runtime != "local" or self.engine == "smoke"
+        return runtime != "local" or traits(self.engine).runs_on_host
 
 
 @dataclass(frozen=True)
@@ -155,7 +162,7 @@ def select_base(bases: list[MatrixBase], stack: str | None, runtime: str | None)
             raise BadInput(f"--stack is required: {len(chosen)} module-matrix bases run on --runtime {runtime}; "
                            f"accepted: {_describe_bases(chosen or bases)}")
         base = chosen[0]
-    runtime = runtime or ("local" if base.engine == "smoke" else "docker")
+    runtime = runtime or ("local" if traits(base.engine).runs_on_host else "docker")
     if not base.runnable_on(runtime):
         raise BadInput(f"--runtime {runtime}: stack {base.stack} runs {base.engine} arms, whose engines exist only in "
                        f"its image; use --runtime docker or --runtime ray")
@@ -192,9 +199,6 @@ def run_figures(run_dir: Path) -> dict | None:
     totals are those means × the global batch size (reference §4.2); the totals sum over steps.
     None when the run left no step records.
     """
-    from kit.analysis.convergence import round_rows, run_identity, summarize
-    from kit.analysis.table import load_arm
-    from kit.gates.rules import whole_number
 
     try:
         arm = load_arm(run_dir)
@@ -215,7 +219,6 @@ def run_figures(run_dir: Path) -> dict | None:
 
 # --- one arm's entry ---------------------------------------------------------------------------------
 
-VERDICTS = ("passed", "gates_failed", "failed", "interrupted", "not_run")
 
 
 def arm_entry(spec: ArmSpec, *, outcome=None, error: str | None = None, figures: dict | None = None,
@@ -257,193 +260,11 @@ def arm_entry(spec: ArmSpec, *, outcome=None, error: str | None = None, figures:
     }
 
 
-# --- attribution -------------------------------------------------------------------------------------
-
-def _total(entry: dict | None):
-    return ((entry or {}).get("figures") or {}).get("bitwise_mismatch_count")
-
-
-def attribution(arms: list[dict]) -> dict:
-    """Per module: mismatch totals of its R/R and P/P arms, and its marginal effect P/P → R/R in each
-    of the four pairs that hold the other two modules fixed; plus which modules alone make the
-    mismatch vanish and whether the all-R/R arm is exactly zero.
-
-    >>> arms = [{"code": c, "arm": c, "figures": {"bitwise_mismatch_count": 0 if c == "M111" else 5,
-    ...          "max_abs_dlogp": 0.0 if c == "M111" else 1e-6}} for c in MODULE_ORDER]
-    >>> attribution(arms)["modules"][0]["pairs"][3]["delta"]
-    -5
-    """
-    by_code = {a["code"]: a for a in arms}
-    modules = []
-    for index, module in enumerate(MODULES):
-        pairs = []
-        for code in MODULE_ORDER:
-            if code[1 + index] != "0":
-                continue
-            to_code = code[:1 + index] + "1" + code[2 + index:]
-            src, dst = _total(by_code.get(code)), _total(by_code.get(to_code))
-            pairs.append({"from": code, "to": to_code,
-                          "from_arm": (by_code.get(code) or {}).get("arm"), "to_arm": (by_code.get(to_code) or {}).get("arm"),
-                          "from_total": src, "to_total": dst,
-                          "delta": (dst - src) if src is not None and dst is not None else None})
-        rr = [c for c in MODULE_ORDER if c[1 + index] == "1"]
-        pp = [c for c in MODULE_ORDER if c[1 + index] == "0"]
-        rr_totals, pp_totals = [_total(by_code.get(c)) for c in rr], [_total(by_code.get(c)) for c in pp]
-        deltas = [p["delta"] for p in pairs]
-        alone = "M" + "".join("1" if i == index else "0" for i in range(3))
-        alone_total = _total(by_code.get(alone))
-        modules.append({
-            "module": module,
-            "rr_arms": rr, "pp_arms": pp,
-            "rr_total": sum(rr_totals) if None not in rr_totals else None,
-            "pp_total": sum(pp_totals) if None not in pp_totals else None,
-            "pairs": pairs,
-            "mean_marginal_effect": (sum(deltas) / len(deltas)) if None not in deltas else None,
-            "alone_arm": alone,
-            "alone_total": alone_total,
-            "alone_makes_zero": (alone_total == 0) if alone_total is not None else None,
-            # the mismatch is nonzero in every arm that leaves this module P/P
-            "needed_for_zero": all(t != 0 for t in pp_totals) if None not in pp_totals else None,
-        })
-    zero_arms = [c for c in MODULE_ORDER if _total(by_code.get(c)) == 0]
-    top = by_code.get("M111") or {}
-    top_fig = top.get("figures") or {}
-    exactly_zero = None
-    if top_fig.get("bitwise_mismatch_count") is not None:
-        exactly_zero = top_fig["bitwise_mismatch_count"] == 0 and top_fig.get("max_abs_dlogp") in (0, 0.0)
-    out = {"modules": modules,
-           "alone_make_zero": [m["module"] for m in modules if m["alone_makes_zero"]],
-           "zero_arms": zero_arms,
-           "all_rr_arm": "M111",
-           "all_rr_exactly_zero": exactly_zero}
-    out["findings"] = findings(out, by_code)
-    return out
-
-
-def findings(table: dict, by_code: dict) -> list[str]:
-    """The attribution in plain sentences."""
-    out = []
-    name = lambda code: (by_code.get(code) or {}).get("arm") or code
-    mods = table["modules"]
-    if any(m["alone_makes_zero"] is None for m in mods):
-        missing = [m["alone_arm"] for m in mods if m["alone_makes_zero"] is None]
-        out.append(f"single-module attribution incomplete: no mismatch total for {', '.join(name(c) for c in missing)}")
-    alone = table["alone_make_zero"]
-    if alone:
-        out.append("switching only " + " or only ".join(alone) + " to R/R makes the mismatch vanish ("
-                   + ", ".join(f"{name(m['alone_arm'])}: 0" for m in mods if m["alone_makes_zero"]) + ")")
-    elif all(m["alone_makes_zero"] is not None for m in mods):
-        out.append("no module alone makes the mismatch vanish ("
-                   + ", ".join(f"{name(m['alone_arm'])}: {m['alone_total']}" for m in mods) + " bitwise mismatches)")
-    needed = [m["module"] for m in mods if m["needed_for_zero"]]
-    if needed and table["zero_arms"]:
-        out.append(f"zero mismatch needs {' and '.join(needed)} R/R: every arm leaving "
-                   f"{'it' if len(needed) == 1 else 'one of them'} P/P mismatches")
-    for m in mods:
-        if m["mean_marginal_effect"] is not None:
-            out.append(f"{m['module']} P/P → R/R changes the mismatch total by {m['mean_marginal_effect']:+g} on average "
-                       f"over its four pairs (R/R arms {m['rr_total']}, P/P arms {m['pp_total']})")
-    top = by_code.get("M111") or {}
-    fig = top.get("figures") or {}
-    if table["all_rr_exactly_zero"] is True:
-        out.append(f"{name('M111')} is exactly zero: 0 bitwise mismatches over {fig.get('active_tokens')} active tokens, "
-                   "max |Δlogp| 0")
-    elif table["all_rr_exactly_zero"] is False:
-        out.append(f"{name('M111')} is NOT zero: {fig.get('bitwise_mismatch_count')} bitwise mismatches, "
-                   f"max |Δlogp| {fig.get('max_abs_dlogp')}")
-    else:
-        out.append(f"{name('M111')} has no mismatch total ({top.get('verdict', 'not run')}); whether it is zero is unknown")
-    return out
-
-
-# --- the summary document ---------------------------------------------------------------------------
-
-def exit_code_for(arms: list[dict], interrupted: bool) -> int:
-    if interrupted:
-        return INTERRUPTED_EXIT
-    return 0 if arms and all(a["verdict"] == "passed" for a in arms) else 1
-
-
-def summary_document(plan: SuitePlan, arms: list[dict], *, started_at: str, finished_at: str, interrupted: bool,
-                     elapsed_s: float) -> dict:
-    code = exit_code_for(arms, interrupted)
-    counts = {v: sum(1 for a in arms if a["verdict"] == v) for v in VERDICTS}
-    req = plan.request
-    return {
-        "schema": SUMMARY_SCHEMA,
-        "suite_id": req.suite_id,
-        "kind": "module",
-        "status": "interrupted" if interrupted else "complete",
-        "interrupted": interrupted,
-        "exit_code": code,
-        "matrix": {"name": MATRIX_NAME, "source": plan.matrix_source, "sha256": sha256_of_document(plan.matrix),
-                   "base_arm": plan.base.arm, "order": list(MODULE_ORDER)},
-        "stack": {"name": plan.stack_name, "sha256": plan.stack_sha256},
-        "runtime": {"kind": plan.runtime, "image": plan.image, "ray_address": req.ray_address},
-        "rollouts": req.rollouts,
-        "workspace": str(plan.workspace),
-        "suite_dir": str(plan.suite_dir),
-        "started_at": started_at,
-        "finished_at": finished_at,
-        "elapsed_s": round(elapsed_s, 3),
-        "counts": counts,
-        "arms": arms,
-        "attribution": attribution(arms),
-    }
-
-
-def _fmt(value, spec: str = "") -> str:
-    if value is None:
-        return "-"
-    return format(value, spec) if spec else str(value)
-
-
-def render_table(summary: dict) -> str:
-    """The readable form of a summary: arms, attribution, findings."""
-    lines = [f"suite {summary['suite_id']}: module matrix on stack {summary['stack']['name']} "
-             f"({summary['stack']['sha256'][:12]}), runtime {summary['runtime']['kind']}, "
-             f"{summary['rollouts']} rollouts per arm"
-             + (" — INTERRUPTED" if summary["interrupted"] else "")]
-    head = ("arm", "attn", "ffn", "logp", "verdict", "mismatches", "tokens", "max|Δlogp|", "step s", "run dir / reason")
-    rows = []
-    for a in summary["arms"]:
-        f = a["figures"] or {}
-        rows.append((a["arm"], a["operators"]["attention"], a["operators"]["ffn"], a["operators"]["logp"],
-                     a["verdict"] + (" (sealed)" if a["sealed"] and a["verdict"] != "passed" else ""),
-                     _fmt(f.get("bitwise_mismatch_count")), _fmt(f.get("active_tokens")),
-                     _fmt(f.get("max_abs_dlogp"), ".3g"), _fmt(f.get("mean_step_time_s"), ".3f"),
-                     a["run_dir"] if a["verdict"] == "passed" else (a["reason"] or "-")))
-    lines += _columns(head, rows)
-    lines.append("")
-    lines.append("attribution (bitwise mismatch totals; Δ = total after switching the module P/P → R/R, others fixed)")
-    att = summary["attribution"]
-    head = ("module", "P/P arms", "R/R arms", "pair 1", "pair 2", "pair 3", "pair 4", "mean Δ", "alone")
-    rows = []
-    for m in att["modules"]:
-        pairs = [f"{p['from']}→{p['to']} {_fmt(p['delta'], '+g') if p['delta'] is not None else '-'}" for p in m["pairs"]]
-        alone = {True: "zero", False: "nonzero", None: "-"}[m["alone_makes_zero"]]
-        rows.append((m["module"], _fmt(m["pp_total"]), _fmt(m["rr_total"]), *pairs,
-                     _fmt(m["mean_marginal_effect"], "+g"), f"{m['alone_arm']} {alone}"))
-    lines += _columns(head, rows)
-    lines.append("")
-    lines += [f"- {text}" for text in att["findings"]]
-    return "\n".join(lines)
-
-
-def _columns(head, rows) -> list[str]:
-    widths = [max(len(str(r[i])) for r in (head, *rows)) for i in range(len(head))]
-    fmt = lambda r: "  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip()
-    return [fmt(head)] + [fmt(r) for r in rows]
-
-
 # --- shell ---------------------------------------------------------------------------------------------
 
 def plan_module_suite(request: SuiteRequest, catalog=None) -> SuitePlan:
     """Every check that makes a suite bad input, before anything is written."""
-    import re
 
-    from kit.evidence import bundle as E
-    from kit.model.catalog import Catalog
 
     if not re.fullmatch(ID_RE_TEXT, request.suite_id or ""):
         raise BadInput(f"--suite-id {request.suite_id!r}: must match {ID_RE_TEXT} (it prefixes the run ids)")
@@ -469,7 +290,6 @@ def plan_module_suite(request: SuiteRequest, catalog=None) -> SuitePlan:
                 raise BadInput(f"--suite-id {request.suite_id}: arm {spec.name}'s run id {spec.run_id} is already used "
                                f"in this workspace ({used}); run ids are never reused, pick a new suite id")
     if not request.allow_dirty:
-        from kit.run.execute import repository_state
 
         repo = repository_state()
         if repo.get("dirty"):
@@ -482,7 +302,6 @@ def plan_module_suite(request: SuiteRequest, catalog=None) -> SuitePlan:
     if len(stacks) != 1:
         raise BadInput(f"module matrix on {base.arm}: its arms name different stacks {sorted(stacks)}")
     (stack_name, stack_sha), = stacks
-    from kit.run.execute import check_request
 
     # kit run's own flag checks (--image without --runtime docker, ...): refused here, not eight times
     check_request(_run_request(request, runtime, workspace, specs[0]))
@@ -501,37 +320,18 @@ def check_runtime_inputs(request: SuiteRequest, runtime: str, spec: ArmSpec) -> 
     """
     arm = spec.arm
     if runtime == "docker":
-        from kit.build.images import check_image, engine
-        from kit.runtimes.docker import DockerRuntime
-
-        client = engine()
-        ref = request.image or DockerRuntime.image_for_arm(client, arm)
-        try:
-            check = check_image(ref, arm.stack, client=client)
-        except BadInput:
-            if not request.image:
-                raise
-            # absent: name the flag it came from and what would be accepted
-            raise BadInput(f"--image {ref}: not on this engine; build the stack's image with `kit build "
-                           f"{arm.platform} --arm {arm.name}`, or leave --image out to use it") from None
-        if not check.matches:
-            shown = "; ".join(f"{label}: expected {exp!r}, found {got!r}" for label, exp, got in check.differences[:12])
-            raise CheckFailed(f"{'--image' if request.image else 'image'} {ref}: not built for stack {arm.stack.name} "
-                              f"({arm.stack.sha256[:12]}); differing labels: {shown}")
-        return ref, check.image_id
+        # the run's own preflight step for the image: the same choice, the same checks, the same words as kit run
+        docker = make_runtime("docker", arm=arm, image=request.image, workspace=request.workspace, run_id=spec.run_id)
+        image_id = docker.resolve_image()
+        return docker.image_ref, image_id
     if runtime == "ray":
-        from kit.runtimes import NAMED_CLUSTER_TIMEOUT_S, wait_for_jobs_api
-        from kit.runtimes.ray import RayRuntime
-
-        address = RayRuntime(arm=arm, ray_address=request.ray_address, run_id=spec.run_id).address
-        wait_for_jobs_api(address, timeout_s=NAMED_CLUSTER_TIMEOUT_S, unreachable=lambda m: BadInput(
-            f"--ray-address {address}: cannot be reached ({m}); give the dashboard URL of a running cluster"))
+        # the run's own preflight step for a named cluster: the same check and the same words as kit run
+        make_runtime("ray", arm=arm, ray_address=request.ray_address, run_id=spec.run_id).reach()
     return None, None
 
 
 def _run_request(request: SuiteRequest, runtime: str, workspace: Path, spec: ArmSpec, image: str | None = None):
     """The kit run request of one arm: every arm goes through the same path as a hand-started run."""
-    from kit.run.execute import RunRequest
 
     return RunRequest(arm=spec.arm, workspace=workspace, runtime=runtime, image=image or request.image,
                       ray_address=request.ray_address, run_id=spec.run_id, rollouts=request.rollouts,
@@ -545,7 +345,6 @@ def run_module_suite(plan: SuitePlan, *, progress: TextIO | None = None, log: Ca
     ``before_arm`` is called just before each arm starts (progress reporting; tests use it to
     make an arm fail for real).
     """
-    from kit.run.execute import SignalFlag, execute
 
     req = plan.request
     plan.suite_dir.parent.mkdir(parents=True, exist_ok=True)

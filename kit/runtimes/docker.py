@@ -22,37 +22,21 @@ from __future__ import annotations
 
 import json
 import shlex
+import socket
 import time
 from pathlib import Path
 
+from kit.adapters import docker as dockerdoor
+from kit.adapters.ray import CLUSTER_INFO_SCRIPT, RayJob, wait_for_jobs_api
 from kit.build import layout as L
-from kit.model.accelerators import docker_py_options
+from kit.build.lookup import image_for_arm
+from kit.build.images import check_image, probe_differences
+from kit.model.documents import parse_json_bytes, require_valid
 from kit.model.errors import BadInput, CheckFailed
-from kit.runtimes import JobSpec, RayJob, RayJobRuntime, free_port, host_info, gpu_info, wait_for_jobs_api
+from kit.runtimes.base import JobSpec, RayJobRuntime, free_port, gpu_info, host_info
 
 CONTAINER_DASHBOARD_PORT = 8265
 RAY_TMP = "/tmp/ray"
-CLUSTER_INFO_SCRIPT = """
-import json, ray
-ray.init(address="auto", logging_level="ERROR")
-nodes = [{"node_id": n["NodeID"], "alive": n["Alive"], "address": n["NodeManagerAddress"],
-          "hostname": n.get("NodeManagerHostname"), "resources": n.get("Resources", {})} for n in ray.nodes()]
-print(json.dumps({"version": ray.__version__, "nodes": nodes, "resources": ray.cluster_resources()}))
-"""
-
-
-def container_options(platform: str) -> dict:
-    """docker-py ``containers.run`` options per platform, from the accelerator table (tested without an engine)."""
-    import docker
-
-    opts = docker_py_options(platform)
-    if "device_requests" in opts:
-        opts["device_requests"] = [docker.types.DeviceRequest(**d) for d in opts["device_requests"]]
-    if "ulimits" in opts:
-        opts["ulimits"] = [docker.types.Ulimit(**u) for u in opts["ulimits"]]
-    return opts
-
-
 HOST_NETWORK = "host"
 # ray start flags that otherwise bind a fixed default port (or one shared by every Ray on a host)
 RAY_PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port", "--dashboard-agent-listen-port",
@@ -75,8 +59,6 @@ def ray_head_command(ray_bin: str = L.RAY, ports: dict[str, int] | None = None) 
 
 def free_ports(flags=RAY_PORT_FLAGS) -> dict[str, int]:
     """A distinct free host port for each flag (chosen while all are held, so none repeats)."""
-    import socket
-
     held, out = [], {}
     try:
         for flag in flags:
@@ -115,62 +97,33 @@ class DockerRuntime(RayJobRuntime):
 
     # --- preflight ------------------------------------------------------------------------------------
 
-    @staticmethod
-    def image_age_key(image) -> tuple:
-        """Sort key, oldest first: the engine's creation time to the nanosecond, then the id (a total order).
-
-        The engine writes RFC 3339 with trailing zeros of the fraction dropped, so the strings themselves
-        do not sort ("…:56.1Z" is later than "…:56.12Z" as text)."""
-        import datetime as _dt
-        import re
-
-        created = image.attrs.get("Created") or ""
-        m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?$", created)
-        if not m:
-            return (0, 0, image.id)
-        when = _dt.datetime.fromisoformat(m.group(1) + ("+00:00" if m.group(3) in (None, "Z") else m.group(3)))
-        return (int(when.timestamp()), int((m.group(2) or "0").ljust(9, "0")[:9]), image.id)
-
-    @classmethod
-    def stack_image(cls, client, stack_sha256: str, platform: str):
-        """The image of a stack and platform that runs use, or None: of the images labelled with both, the
-        newest by creation time (ties: the larger id). ``kit doctor`` and ``kit suite`` call this too, so
-        the image a check passed is the image the run starts. Example::
-
-            DockerRuntime.stack_image(engine(), arm.stack.sha256, "cpu").id     # 'sha256:…'
-        """
-        found = client.images.list(filters={"label": [f"{L.LABEL_PREFIX}.stack.sha256={stack_sha256}",
-                                                      f"{L.LABEL_PREFIX}.platform={platform}"]})
-        return max(found, key=cls.image_age_key, default=None)
-
-    @staticmethod
-    def ref_of(image) -> str:
-        """How an image is named in manifests and reports: its first tag in sorted order, else its id."""
-        return min(image.tags) if image.tags else image.id
-
-    @classmethod
-    def image_for_arm(cls, client, arm) -> str:
-        """The reference of :meth:`stack_image` for an arm; BadInput naming the build command when none."""
-        image = cls.stack_image(client, arm.stack.sha256, arm.platform)
-        if image is None:
-            raise BadInput(f"no {arm.platform} image on this engine carries stack {arm.stack.name} "
-                           f"({arm.stack.sha256[:12]}); build it with `kit build {arm.platform} --arm {arm.name}` "
-                           "or pass --image REF")
-        return cls.ref_of(image)
-
     def _find_image(self) -> str:
-        return self.image_for_arm(self.client, self.arm)
+        return image_for_arm(self.client, self.arm)
 
-    def preflight(self) -> None:
-        from kit.build.images import check_image, engine
-
-        self.client = engine()
+    def resolve_image(self) -> str:
+        """The image the run starts (``--image``, else the newest of the arm's stack and platform), checked
+        against the stack by its labels and embedded stack; returns its id. ``kit suite`` calls this once
+        for all its arms, so the suite refuses exactly what a run would. Names ``--image`` when it came
+        from the flag."""
+        named = self.image_ref is not None
+        self.client = self.client or dockerdoor.engine()
         self.image_ref = self.image_ref or self._find_image()
-        check = check_image(self.image_ref, self.arm.stack, client=self.client)
+        where = f"--image {self.image_ref}" if named else f"image {self.image_ref}"
+        try:
+            check = check_image(self.image_ref, self.arm.stack, client=self.client)
+        except BadInput:
+            if not named:
+                raise
+            raise BadInput(f"{where}: not on this engine; build the stack's image with `kit build "
+                           f"{self.arm.platform} --arm {self.arm.name}`, or leave --image out to use it") from None
         if not check.matches:
             shown = "; ".join(f"{label}: expected {exp!r}, found {got!r}" for label, exp, got in check.differences[:12])
-            raise CheckFailed(f"image {self.image_ref} was not built for stack {self.arm.stack.name} "
+            raise CheckFailed(f"{where}: not built for stack {self.arm.stack.name} "
                               f"({self.arm.stack.sha256[:12]}); differing labels: {shown}")
+        return check.image_id
+
+    def preflight(self) -> None:
+        self.resolve_image()
         image = self.client.images.get(self.image_ref)
         self.image_id, self.image_labels = image.id, dict(image.labels or {})
         self._start_container()
@@ -182,7 +135,7 @@ class DockerRuntime(RayJobRuntime):
         return (self.network or HOST_NETWORK) == HOST_NETWORK
 
     def _start_container(self) -> None:
-        opts = container_options(self.arm.platform)
+        opts = dockerdoor.container_options(self.arm.platform)
         volumes = {str(self.workspace): {"bind": L.WORKSPACE, "mode": "rw"}}
         for host_path, bind in self.input_mounts.items():
             volumes[str(Path(host_path).resolve())] = {"bind": bind, "mode": "ro"}
@@ -211,9 +164,6 @@ class DockerRuntime(RayJobRuntime):
         return result.exit_code, (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
 
     def _probe(self) -> None:
-        from kit.model.documents import parse_json_bytes, require_valid
-        from kit.build.images import probe_differences
-
         stack_doc = self.arm.stack.document
         code, out, err = self._exec(L.PROBE_COMMAND, {L.PROBE_STACK_ENV: json.dumps(stack_doc)})
         if code not in (0, 1):

@@ -1,4 +1,4 @@
-"""The local runtime: the embedded smoke workload, or the gpu engine's GRPO workload, in this process, on this host.
+"""The local runtime: an engine's workload in this process, on this host (smoke, gpu: traits.runs_on_host).
 
 Nothing is started and no image is involved, so the host's observed identity is recorded together
 with its differences from the stack (they are expected here: the host is not the pinned image) and
@@ -11,16 +11,15 @@ its engines exist only inside its image. Example::
 
 from __future__ import annotations
 
+import importlib
 import sys
 import traceback
 from typing import Callable
 
-from kit.engines import gpu as gpu_engine
+from kit.build.probe import identity_differences, observed_identity
+from kit.engines import get_engine
 from kit.model.errors import BadInput
-from kit.runtimes import JobSpec, Runtime, gpu_info, host_info
-
-# engines whose workload runs in this process: the module that must import
-IN_PROCESS = {"smoke": "rlk_kernels.smoke", "gpu": "rlk_kernels.grpo.run"}
+from kit.runtimes.base import JobSpec, Runtime, gpu_info, host_info
 
 
 class LocalRuntime(Runtime):
@@ -28,6 +27,7 @@ class LocalRuntime(Runtime):
 
     def __init__(self, *, arm, **_):
         self.arm = arm
+        self.engine = get_engine(arm.engine)
         self.spec: JobSpec | None = None
         self._observed = None
         self._differences: list = []
@@ -35,27 +35,24 @@ class LocalRuntime(Runtime):
         self._stop_requested = False
 
     def preflight(self) -> None:
-        if self.arm.engine not in IN_PROCESS:
+        if not self.engine.traits.runs_on_host:
             raise BadInput(f"--runtime local: arm {self.arm.name} is a {self.arm.engine} arm; its engines exist only in "
                            f"its image: run it with --runtime docker (kit build {self.arm.platform} --arm {self.arm.name}) "
                            "or --runtime ray")
         try:
-            __import__(IN_PROCESS[self.arm.engine])
+            importlib.import_module(self.engine.in_process_module)
         except ImportError as exc:
             raise BadInput(f"--runtime local: the {self.arm.engine} workload is not importable ({exc}); "
                            "pip install -e . first") from None
-        try:
-            from kit.build.probe import identity_differences, observed_identity
-            self._observed = observed_identity(self.arm.stack.document)
-            self._differences = [list(d) for d in identity_differences(self._observed, self.arm.stack.document)]
-        except ImportError:
-            self._observed, self._differences = None, []
+        self._observed = observed_identity(self.arm.stack.document)
+        self._differences = [list(d) for d in identity_differences(self._observed, self.arm.stack.document)]
 
     def describe(self) -> dict:
         runtime = {"kind": self.kind, "in_process": True,
                    "note": "the host is not the pinned image; identity differences are recorded, not refused"}
-        if self.arm.engine == "gpu":   # the GPU host's own identity: device, CUDA, Triton, kernel fingerprint
-            runtime["accelerator"] = gpu_engine.accelerator_identity(gpu_info())
+        accelerator = self.engine.host_identity(gpu_info())   # gpu: device, CUDA, Triton, kernel fingerprint
+        if accelerator is not None:
+            runtime["accelerator"] = accelerator
         return {"runtime": runtime,
                 "image": None, "observed_identity": self._observed, "identity_differences": self._differences,
                 "host": host_info(), "gpus": gpu_info(), "ray_cluster": None}
@@ -65,7 +62,7 @@ class LocalRuntime(Runtime):
         return [sys.executable, *plan["command"]["argv"][1:]]
 
     def set_arm_document(self, doc: dict) -> None:
-        self._arm_doc = doc
+        self._arm_doc = doc   # the in-process workload reads it instead of the run dir's arm.json
 
     def submit(self, spec: JobSpec) -> None:
         self.spec = spec
@@ -74,11 +71,7 @@ class LocalRuntime(Runtime):
         stop = lambda: should_stop() or self._stop_requested  # noqa: E731
         lines = lambda line: [emit(part) for part in str(line).split("\n")]  # noqa: E731
         try:
-            if self.arm.engine == "gpu":
-                gpu_engine.run_in_process(self._arm_doc, emit=lines, should_stop=stop)
-            else:
-                from rlk_kernels.smoke import SmokeConfig, run_smoke
-                run_smoke(SmokeConfig.from_arm(self._arm_doc), emit=lines, should_stop=stop)
+            self.engine.run_in_process(self._arm_doc, emit=lines, should_stop=stop)
         except Exception:
             # the workload's own failure is engine output: it goes into the job log like a Ray job's stderr
             for line in traceback.format_exc().rstrip("\n").split("\n"):

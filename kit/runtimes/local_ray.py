@@ -23,9 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from kit.model.engine_traits import traits
 from kit.model.errors import BadInput, CheckFailed
-from kit.runtimes import free_port
+from kit.runtimes.base import free_port
 from kit.runtimes.ray import RayRuntime
+from kit.build.probe import identity_differences
 
 
 def ray_start_command(temp_dir: str, dashboard_port: int, num_cpus: int) -> list[str]:
@@ -54,8 +56,8 @@ class LocalRayRuntime(RayRuntime):
     kind = "local"
 
     def __init__(self, *, arm, run_id: str, **_):
-        if arm.engine != "smoke":
-            raise BadInput(f"--ray-head: arm {arm.name} is a {arm.engine} arm; only smoke arms run on the host")
+        if not traits(arm.engine).runs_on_host:
+            raise BadInput(f"--ray-head: arm {arm.name} is a {arm.engine} arm; its engine does not run on the host")
         # short temp dir: Ray's socket paths must stay under 107 bytes
         self.temp_dir = tempfile.mkdtemp(prefix="rlk-ray-", dir="/tmp")
         self.dashboard_port = free_port()
@@ -87,7 +89,6 @@ class LocalRayRuntime(RayRuntime):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1.0)
-        from kit.build.probe import identity_differences
         node = self.cluster["nodes"][0]["identity"] if self.cluster["nodes"] else {}
         self.differences = [list(d) for d in identity_differences(node, self.arm.stack.document)]
 

@@ -18,44 +18,25 @@ import tempfile
 import shutil
 from pathlib import Path
 
+from kit.adapters.ray import NAMED_CLUSTER_TIMEOUT_S, NODE_PROBE_SCRIPT, PROBE_MARKER, RayJob, wait_for_jobs_api
 from kit.build import layout as L
 from kit.model import node_identity as NI
+from kit.model.engine_traits import traits
 from kit.model.errors import BadInput, CheckFailed
-from kit.runtimes import (NAMED_CLUSTER_TIMEOUT_S, JobSpec, RayJob, RayJobRuntime, gpu_info, host_info,
-                          wait_for_jobs_api)
+from kit.runtimes.base import JobSpec, RayJobRuntime, gpu_info, host_info
+from kit.evidence.compare import flatten
+from kit.build.probe import identity_differences
+from dataclasses import replace
+from kit.model.documents import sha256_of_document
+from kit.model.stack import packages_for, stack_identity
+from kit.build.probe import observed_platform
 
-PROBE_MARKER = "RLK-NODE-PROBE "
-NODE_PROBE_SCRIPT = """
-import json, os, ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-ray.init(address="auto", logging_level="ERROR")
-stack = json.loads(os.environ["KIT_PROBE_STACK"])
-
-@ray.remote(num_cpus=0)
-def probe(stack):
-    # with the conformance fingerprint: a node whose strict kernels give other bytes differs from the rest
-    from kit.build.probe import observed_identity
-    declared = os.environ.get("RLK_NODE_IDENTITY")   # set by whoever started the node (kit cluster up, Slurm, KubeRay)
-    return observed_identity(stack), json.loads(declared) if declared else None
-
-nodes = [n for n in ray.nodes() if n["Alive"]]
-refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(stack)
-        for n in nodes]
-identities = ray.get(refs, timeout=600)
-out = {"version": ray.__version__, "resources": ray.cluster_resources(),
-       "nodes": [{"node_id": n["NodeID"], "address": n["NodeManagerAddress"], "hostname": n.get("NodeManagerHostname"),
-                  "resources": n.get("Resources", {}), "labels": n.get("Labels", {}), "identity": ident,
-                  "node_identity": declared} for n, (ident, declared) in zip(nodes, identities)]}
-print("RLK-NODE-PROBE " + json.dumps(out, sort_keys=True), flush=True)
-"""
 # Fields that differ between healthy nodes of one cluster.
 NODE_VOLATILE = ("observed_at", "hostname")
 
 
 def node_problems(nodes: list[dict], stack_doc: dict) -> list[str]:
     """Every node that differs from the stack or from the first node, with the fields (pure)."""
-    from kit.evidence.compare import flatten
-    from kit.build.probe import identity_differences
 
     out = []
     for node in nodes:
@@ -75,8 +56,6 @@ def node_problems(nodes: list[dict], stack_doc: dict) -> list[str]:
 
 
 def stack_sha256(stack_doc: dict) -> str:
-    from kit.model.documents import sha256_of_document
-    from kit.model.stack import stack_identity
 
     return sha256_of_document(stack_identity(stack_doc))
 
@@ -114,10 +93,14 @@ class RayRuntime(RayJobRuntime):
             raise CheckFailed(f"the per-node probe job on {self.address} ended {status}:\n{tail}")
         return json.loads(found[-1])
 
+    def reach(self, unreachable=None) -> None:
+        """Wait (briefly) for the cluster's Jobs API. An address the user named that nothing answers on is
+        bad input (exit 2), like an absent Docker engine; ``unreachable`` words that error for the caller."""
+        wait_for_jobs_api(self.address, timeout_s=NAMED_CLUSTER_TIMEOUT_S, unreachable=unreachable or (lambda m: BadInput(
+            f"--ray-address {self.address}: cannot be reached ({m}); give the dashboard URL of a running cluster")))
+
     def preflight(self) -> None:
-        # an address the user named that nothing answers on is bad input (exit 2), like an absent Docker engine
-        wait_for_jobs_api(self.address, timeout_s=NAMED_CLUSTER_TIMEOUT_S, unreachable=lambda m: BadInput(
-            f"--ray-address {self.address}: cannot be reached ({m}); give the dashboard URL of a running cluster"))
+        self.reach()
         self.cluster = self.probe_cluster()
         problems = node_problems(self.cluster["nodes"], self.arm.stack.document)
         if problems:
@@ -140,7 +123,7 @@ class RayRuntime(RayJobRuntime):
 
     def job_argv(self, plan: dict, host_run_dir: str) -> list[str]:
         argv = list(plan["command"]["argv"])
-        if self.arm.engine == "smoke" and "--arm-file" in argv:
+        if traits(self.arm.engine).reads_arm_file and "--arm-file" in argv:
             # the cluster cannot see the run dir: arm.json travels as the uploaded working_dir
             argv[argv.index("--arm-file") + 1] = "arm.json"
             self._staging = tempfile.mkdtemp(prefix="rlk-job-")
@@ -155,15 +138,12 @@ class RayRuntime(RayJobRuntime):
         nodes = (self.cluster or {}).get("nodes", [])
         if not any(n.get("node_identity") for n in nodes):
             return None
-        from kit.build.probe import observed_platform
-        from kit.model.stack import packages_for
 
         platform = observed_platform(nodes[0]["identity"])
         return {"env": NI.EXPECTED_ENV,
                 "expected": NI.expected_for_actors(nodes, packages_for(self.arm.stack.document, platform))}
 
     def submit(self, spec: JobSpec) -> None:
-        from dataclasses import replace
 
         if self._staging:
             spec = replace(spec, working_dir=self._staging)

@@ -39,7 +39,7 @@ def golden(name: str, text: str) -> None:
 # --- one accelerator table for docker, Slurm and KubeRay ---------------------------------------------------
 
 def test_accelerator_table_drives_docker_runtime_slurm_and_kuberay():
-    from kit.runtimes.docker import container_options
+    from kit.adapters.docker import container_options
 
     rocm = container_options("rocm")
     assert rocm["devices"] == ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"] and rocm["group_add"] == ["video", "render"]

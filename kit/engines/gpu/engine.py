@@ -16,7 +16,13 @@ import importlib.metadata
 import time
 from typing import Callable
 
-ENGINE = "gpu"
+from kit.build import layout as L
+from kit.engines.base import GiB, EngineBase, EngineCommand, HostNeeds
+from kit.engines.smoke import ENGINE as SMOKE_ENGINE
+from kit.engines.vime.records import parse_records
+from kit.model.engine_traits import GPU
+
+NAME = "gpu"
 ENTRY_MODULE = "rlk_kernels.grpo.run"
 CONFORMANCE_SHAPE = "qwen3-8b"
 
@@ -83,3 +89,33 @@ def run_in_process(arm_doc: dict, emit: Callable[[str], None], should_stop: Call
     from rlk_kernels.grpo.run import run_grpo
 
     return run_grpo(GrpoConfig.from_arm(arm_doc), emit=emit, should_stop=should_stop)
+
+
+class GpuEngine(EngineBase):
+    """The gpu engine behind the Engine protocol (kit/engines/base.py)."""
+
+    traits = GPU
+    needs = HostNeeds(1 * GiB, "torch's CUDA workers and the run's monitors share memory through /dev/shm",
+                      2 * GiB, "run dirs with logs, metrics and monitor samples")
+    log_keys = SMOKE_ENGINE.log_keys   # it prints the smoke workload's records
+    in_process_module = ENTRY_MODULE
+
+    def parse_records(self, lines, unparseable: list | None = None):
+        return parse_records(lines, unparseable)
+
+    def workload_inputs(self, doc: dict) -> dict:
+        return workload_inputs(doc)
+
+    def run_in_process(self, doc: dict, emit, should_stop) -> None:
+        run_in_process(doc, emit=emit, should_stop=should_stop)
+
+    def host_identity(self, gpus: dict) -> dict | None:
+        return accelerator_identity(gpus)
+
+    def command(self, doc: dict, layout: dict, stack, *, run_id: str, run_dir: str,
+                capture_sizes: list[int]) -> EngineCommand:
+        smoke = SMOKE_ENGINE.command(doc, layout, stack, run_id=run_id, run_dir=run_dir, capture_sizes=capture_sizes)
+        return EngineCommand(command_argv(L.PYTHON, run_dir), smoke.env, smoke.working_dir)
+
+
+ENGINE = GpuEngine()

@@ -283,8 +283,3 @@ def runtime_env_vars(arm: dict, layout: dict, run_id: str, run_dir: str, *, capt
     }
     env.update(launcher.env_values)
     return {k: v for k, v in env.items() if k not in launcher.env_absent}
-
-
-def submission_id(run_id: str) -> str:
-    """Ray submission id of a run: one per run id, never a fixed prefix tied to a rollout count."""
-    return f"rlk-{run_id}"

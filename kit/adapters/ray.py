@@ -1,0 +1,210 @@
+"""The one door to Ray: the Jobs API client, the dashboard's version endpoint, and the scripts that run
+inside a cluster. No other module of the kit imports the Ray SDK, and none calls its private methods.
+
+The SDK is imported only when a job is submitted or followed (it takes about a second to import).
+Example::
+
+    wait_for_jobs_api("http://127.0.0.1:8265", timeout_s=20)
+    job = RayJob("http://127.0.0.1:8265")
+    job.submit(spec)                       # spec: submission_id, entrypoint, env_vars, working_dir, metadata
+    job.follow(print, lambda: False)       # 'SUCCEEDED'
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.request
+from typing import Callable
+
+from kit.model.errors import CheckFailed
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+# How long a cluster the user named (--ray-address, a detached run's address) may take to answer before
+# it counts as unreachable; a head the kit starts itself gets wait_for_jobs_api's longer default.
+NAMED_CLUSTER_TIMEOUT_S = 20.0
+
+# Run by the head's python inside a container: the cluster's facts for the manifest.
+CLUSTER_INFO_SCRIPT = """
+import json, ray
+ray.init(address="auto", logging_level="ERROR")
+nodes = [{"node_id": n["NodeID"], "alive": n["Alive"], "address": n["NodeManagerAddress"],
+          "hostname": n.get("NodeManagerHostname"), "resources": n.get("Resources", {})} for n in ray.nodes()]
+print(json.dumps({"version": ray.__version__, "nodes": nodes, "resources": ray.cluster_resources()}))
+"""
+
+PROBE_MARKER = "RLK-NODE-PROBE "
+# Run as a Jobs API job: the probe on every alive node, each pinned to its node.
+NODE_PROBE_SCRIPT = """
+import json, os, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init(address="auto", logging_level="ERROR")
+stack = json.loads(os.environ["KIT_PROBE_STACK"])
+
+@ray.remote(num_cpus=0)
+def probe(stack):
+    # with the conformance fingerprint: a node whose strict kernels give other bytes differs from the rest
+    from kit.build.probe import observed_identity
+    declared = os.environ.get("RLK_NODE_IDENTITY")   # set by whoever started the node (kit cluster up, Slurm, KubeRay)
+    return observed_identity(stack), json.loads(declared) if declared else None
+
+nodes = [n for n in ray.nodes() if n["Alive"]]
+refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(stack)
+        for n in nodes]
+identities = ray.get(refs, timeout=600)
+out = {"version": ray.__version__, "resources": ray.cluster_resources(),
+       "nodes": [{"node_id": n["NodeID"], "address": n["NodeManagerAddress"], "hostname": n.get("NodeManagerHostname"),
+                  "resources": n.get("Resources", {}), "labels": n.get("Labels", {}), "identity": ident,
+                  "node_identity": declared} for n, (ident, declared) in zip(nodes, identities)]}
+print("RLK-NODE-PROBE " + json.dumps(out, sort_keys=True), flush=True)
+"""
+
+# Loggers of the Jobs SDK that print at INFO on the user's terminal ("Uploading package ...", "Creating a
+# file package ..."). Some set their own level, so quieting their parent "ray" is not enough.
+RAY_SDK_LOGGERS = ("ray", "ray.dashboard", "ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk",
+                   "ray._private.runtime_env.packaging", "ray._private.runtime_env.working_dir",
+                   "ray._private.runtime_env.py_modules")
+
+
+def quiet_ray_sdk_logs() -> None:
+    """Raise every Ray logger of this process to WARNING: the kit reports progress itself, and
+    ``--json`` output must be the only thing a script reads (stderr stays empty)."""
+    names = set(RAY_SDK_LOGGERS) | {n for n in logging.Logger.manager.loggerDict if n == "ray" or n.startswith("ray.")}
+    for name in names:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET or logger.level < logging.WARNING:
+            logger.setLevel(logging.WARNING)
+
+
+def jobs_client(address: str):
+    """A ``JobSubmissionClient`` for a dashboard URL (imports the SDK: about a second)."""
+    from ray.job_submission import JobSubmissionClient   # heavy: only when a cluster is talked to
+
+    quiet_ray_sdk_logs()
+    return JobSubmissionClient(address)
+
+
+def dashboard_version(address: str, timeout_s: float = 10.0) -> dict:
+    """The dashboard's public ``/api/version`` answer: ``{"version", "ray_version", "ray_commit", ...}``.
+
+    Raises OSError or ValueError when nothing (or no JSON) answers."""
+    with urllib.request.urlopen(f"{address.rstrip('/')}/api/version", timeout=timeout_s) as resp:
+        return json.loads(resp.read().decode())
+
+
+def wait_for_jobs_api(address: str, timeout_s: float = 90.0, *, unreachable=None) -> None:
+    """Poll until the dashboard's Jobs API answers (the head takes several seconds to come up).
+
+    ``unreachable`` is the error class raised when it never answers: CheckFailed (default) for a head
+    the kit started itself, BadInput for an address the user named."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{address}/api/version", timeout=3) as resp:
+                if resp.status == 200:
+                    return
+        except Exception as exc:
+            last = str(exc)
+        time.sleep(0.5)
+    raise (unreachable or CheckFailed)(f"the Ray Jobs API at {address} did not answer within {timeout_s:.0f} s ({last})")
+
+
+class RayJob:
+    """One job on a cluster through the Jobs API: submit, stream logs, terminal status, stop.
+
+    The log is polled with ``get_job_logs`` and only the new tail is emitted, so a dashboard that
+    restarts or a slow reader never duplicates or drops lines. A cluster that stops answering for
+    ``lost_after_s`` is reported as ``LOST`` (the job's fate is unknown: never counted as success).
+    """
+
+    def __init__(self, address: str, *, lost_after_s: float = 10.0, poll_s: float = 0.5,
+                 alive: Callable[[], bool] | None = None):
+        self.address = address
+        self.alive = alive
+        self.client = jobs_client(address)
+        self.lost_after_s = lost_after_s
+        self.poll_s = poll_s
+        self.submission_id: str | None = None
+        self._seen = 0
+        self._partial = ""
+
+    @classmethod
+    def existing(cls, address: str, submission_id: str, **kw) -> "RayJob":
+        """A job submitted earlier (``kit run --detach``), followed by its submission id."""
+        job = cls(address, **kw)
+        job.submission_id = submission_id
+        return job
+
+    def status(self) -> str:
+        return str(self.client.get_job_status(self.submission_id).value)
+
+    def submit(self, spec) -> str:
+        """Submit a ``kit.runtimes.JobSpec`` (entrypoint, submission id, env vars, working dir, metadata)."""
+        quiet_ray_sdk_logs()     # packaging modules are imported lazily, on the first upload
+        runtime_env: dict = {"env_vars": dict(spec.env_vars)}
+        if spec.working_dir:
+            runtime_env["working_dir"] = spec.working_dir
+        self.submission_id = self.client.submit_job(entrypoint=spec.entrypoint, submission_id=spec.submission_id,
+                                                    runtime_env=runtime_env, metadata=dict(spec.metadata))
+        return self.submission_id
+
+    def _drain(self, emit: Callable[[str], None], final: bool = False) -> None:
+        text = self.client.get_job_logs(self.submission_id)
+        if len(text) < self._seen:
+            # The job log got shorter: Ray restarted it. Read it again from the start; any step record
+            # it repeats then fails the steps-once gate, which is right: the log no longer vouches
+            # that each step ran once.
+            self._seen = 0
+        new = text[self._seen:]
+        self._seen = len(text)
+        buf = self._partial + new
+        lines = buf.split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            emit(line)
+        if final and self._partial:
+            emit(self._partial)
+            self._partial = ""
+
+    def follow(self, emit: Callable[[str], None], should_stop: Callable[[], bool]) -> str:
+        last_ok = time.monotonic()
+        stopping = False
+        while True:
+            if should_stop() and not stopping:
+                stopping = True
+                self.stop()
+            try:
+                status = str(self.client.get_job_status(self.submission_id).value)
+                self._drain(emit)
+                last_ok = time.monotonic()
+            except Exception:
+                if time.monotonic() - last_ok > self.lost_after_s or (self.alive is not None and not self.alive()):
+                    if self._partial:
+                        emit(self._partial)
+                    return "LOST"
+                time.sleep(self.poll_s)
+                continue
+            if status in TERMINAL:
+                try:
+                    self._drain(emit, final=True)
+                except Exception:
+                    pass
+                return status
+            time.sleep(self.poll_s)
+
+    def stop(self) -> None:
+        if self.submission_id:
+            try:
+                self.client.stop_job(self.submission_id)
+            except Exception:
+                pass
+
+    def info(self) -> dict:
+        try:
+            info = self.client.get_job_info(self.submission_id)
+            return {"status": str(info.status.value), "message": info.message, "metadata": dict(info.metadata or {}),
+                    "start_time_ms": info.start_time, "end_time_ms": info.end_time}
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"[:500]}
