@@ -402,9 +402,9 @@ def test_json_is_offered_by_the_group_and_the_subcommand():
 def test_verdicts_from_kit_run_outcomes():
     from kit.model.catalog import Catalog
     from kit.run.request import RunOutcome
-    from kit.run.suite import ArmSpec, arm_entry
+    from kit.run.suite import SuiteArm, arm_entry
 
-    spec = ArmSpec("M000", Catalog.default().arm("smoke-M000"), "v1-smoke-m000")
+    spec = SuiteArm("M000", Catalog.default().arm("smoke-M000"), "v1-smoke-m000")
     gates = [{"id": "steps-once", "status": "failed"}, {"id": "no-oom", "status": "passed"}]
     seal = {"root_sha256": "a" * 64}
     cases = [

@@ -26,17 +26,18 @@ from kit.analysis.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, DESCRIPTIVES, SC
 from kit.analysis.table import manifest_arm
 from kit.model.errors import BadInput
 from kit import __version__
+from kit.engines.vime import keys
 
 STAGES = (
     # (id, label, step-metrics column, formula)
-    ("rollout_generation", "rollout generation", "rollout_time_s", "perf/rollout_time"),
-    ("weight_update", "weight update", "update_weights_time_s", "perf/update_weights_time"),
+    ("rollout_generation", "rollout generation", "rollout_time_s", keys.ROLLOUT_TIME),
+    ("weight_update", "weight update", "update_weights_time_s", keys.UPDATE_WEIGHTS_TIME),
     ("wake_offload_residual", "wake/offload residual", "wait_residual_time_s",
-     "perf/train_wait_time - perf/rollout_time - perf/update_weights_time"),
-    ("actor_training", "actor training", "actor_train_time_s", "perf/actor_train_time"),
-    ("train_residual", "train residual", "train_residual_time_s", "perf/train_time - perf/actor_train_time"),
+     f"{keys.TRAIN_WAIT_TIME} - {keys.ROLLOUT_TIME} - {keys.UPDATE_WEIGHTS_TIME}"),
+    ("actor_training", "actor training", "actor_train_time_s", keys.ACTOR_TRAIN_TIME),
+    ("train_residual", "train residual", "train_residual_time_s", f"{keys.TRAIN_TIME} - {keys.ACTOR_TRAIN_TIME}"),
     ("unattributed", "unattributed", "unattributed_time_s",
-     "perf/step_time - perf/train_wait_time - perf/train_time"),
+     f"{keys.STEP_TIME} - {keys.TRAIN_WAIT_TIME} - {keys.TRAIN_TIME}"),
 )
 
 # step-metrics.csv columns, in order
@@ -63,14 +64,14 @@ COMPARED = (
 )
 # the log keys behind the raw columns, to name what a log lacks
 SOURCE_KEYS = {
-    "rollout_time_s": "perf/rollout_time", "update_weights_time_s": "perf/update_weights_time",
-    "train_wait_time_s": "perf/train_wait_time", "actor_train_time_s": "perf/actor_train_time",
-    "train_time_s": "perf/train_time", "data_preprocess_time_s": "perf/data_preprocess_time",
-    "step_time_s": "perf/step_time", "rollout_tok_per_gpu_s": "perf/tokens_per_gpu_per_sec",
-    "actor_train_tok_s": "perf/actor_train_tok_per_s", "actor_train_tflops": "perf/actor_train_tflops",
-    "total_length_mean": "rollout/total_lengths", "response_length_mean": "rollout/response_lengths",
-    "rollout_truncated_ratio": "rollout/truncated_ratio", "log_probs_time_s": "perf/log_probs_time",
-    "ref_log_probs_time_s": "perf/ref_log_probs_time",
+    "rollout_time_s": keys.ROLLOUT_TIME, "update_weights_time_s": keys.UPDATE_WEIGHTS_TIME,
+    "train_wait_time_s": keys.TRAIN_WAIT_TIME, "actor_train_time_s": keys.ACTOR_TRAIN_TIME,
+    "train_time_s": keys.TRAIN_TIME, "data_preprocess_time_s": keys.DATA_PREPROCESS_TIME,
+    "step_time_s": keys.STEP_TIME, "rollout_tok_per_gpu_s": keys.TOKENS_PER_GPU_PER_SEC,
+    "actor_train_tok_s": keys.ACTOR_TRAIN_TOK_PER_S, "actor_train_tflops": keys.ACTOR_TRAIN_TFLOPS,
+    "total_length_mean": keys.TOTAL_LENGTHS, "response_length_mean": keys.RESPONSE_LENGTHS,
+    "rollout_truncated_ratio": keys.TRUNCATED_RATIO, "log_probs_time_s": keys.LOG_PROBS_TIME,
+    "ref_log_probs_time_s": keys.REF_LOG_PROBS_TIME,
 }
 
 
@@ -101,22 +102,22 @@ def step_rows(arm, steady_from: int = 1, gpus: int | None = None) -> list[dict]:
     Per-GPU throughputs divide by ``gpus`` (all GPUs of the run, trainer and rollout colocated).
     """
     v = {key: arm.values(key) for key in (
-        "rollout/response_lengths", "rollout/response_len/mean", "rollout/total_lengths",
-        "rollout/truncated_ratio", "rollout/truncated", "perf/rollout_time", "perf/tokens_per_gpu_per_sec",
-        "perf/update_weights_time", "perf/train_wait_time", "perf/actor_train_time", "perf/train_time",
-        "perf/data_preprocess_time", "perf/step_time", "perf/actor_train_tok_per_s", "perf/actor_train_tflops",
-        "perf/log_probs_time", "perf/ref_log_probs_time")}
+        keys.RESPONSE_LENGTHS, keys.RESPONSE_LEN_MEAN, keys.TOTAL_LENGTHS,
+        keys.TRUNCATED_RATIO, keys.TRUNCATED, keys.ROLLOUT_TIME, keys.TOKENS_PER_GPU_PER_SEC,
+        keys.UPDATE_WEIGHTS_TIME, keys.TRAIN_WAIT_TIME, keys.ACTOR_TRAIN_TIME, keys.TRAIN_TIME,
+        keys.DATA_PREPROCESS_TIME, keys.STEP_TIME, keys.ACTOR_TRAIN_TOK_PER_S, keys.ACTOR_TRAIN_TFLOPS,
+        keys.LOG_PROBS_TIME, keys.REF_LOG_PROBS_TIME)}
     gbs = arm.global_batch_size
     rows = []
     for i, step in enumerate(arm.step_indices):
-        resp = v["rollout/response_lengths"][i]
-        resp = resp if resp is not None else v["rollout/response_len/mean"][i]
-        total = v["rollout/total_lengths"][i]
-        trunc = v["rollout/truncated_ratio"][i]
-        trunc = trunc if trunc is not None else v["rollout/truncated"][i]
-        rollout, update = v["perf/rollout_time"][i], v["perf/update_weights_time"][i]
-        wait, actor, train = v["perf/train_wait_time"][i], v["perf/actor_train_time"][i], v["perf/train_time"][i]
-        step_time = v["perf/step_time"][i]
+        resp = v[keys.RESPONSE_LENGTHS][i]
+        resp = resp if resp is not None else v[keys.RESPONSE_LEN_MEAN][i]
+        total = v[keys.TOTAL_LENGTHS][i]
+        trunc = v[keys.TRUNCATED_RATIO][i]
+        trunc = trunc if trunc is not None else v[keys.TRUNCATED][i]
+        rollout, update = v[keys.ROLLOUT_TIME][i], v[keys.UPDATE_WEIGHTS_TIME][i]
+        wait, actor, train = v[keys.TRAIN_WAIT_TIME][i], v[keys.ACTOR_TRAIN_TIME][i], v[keys.TRAIN_TIME][i]
+        step_time = v[keys.STEP_TIME][i]
         resp_tokens = _mul(resp, gbs)
         progress = arm.progress_seconds[i] if arm.progress_seconds else None
         rows.append({
@@ -124,7 +125,7 @@ def step_rows(arm, steady_from: int = 1, gpus: int | None = None) -> list[dict]:
             "response_length_mean": resp, "prompt_length_mean": _sub(total, resp), "total_length_mean": total,
             "response_tokens_total": resp_tokens, "total_tokens_total": _mul(total, gbs),
             "rollout_time_s": rollout, "rollout_progress_time_s_rounded": progress,
-            "rollout_tok_per_gpu_s": v["perf/tokens_per_gpu_per_sec"][i],
+            "rollout_tok_per_gpu_s": v[keys.TOKENS_PER_GPU_PER_SEC][i],
             "rollout_aggregate_tok_s": _div(resp_tokens, rollout),
             "rollout_s_per_1k_response_tokens": _div(rollout, _mul(resp_tokens, 1e-3)),
             "rollout_truncated_ratio": trunc,
@@ -132,13 +133,13 @@ def step_rows(arm, steady_from: int = 1, gpus: int | None = None) -> list[dict]:
             "wait_residual_time_s": _sub(_sub(wait, rollout), update),
             "train_wait_time_s": wait, "actor_train_time_s": actor,
             "train_residual_time_s": _sub(train, actor), "train_time_s": train,
-            "data_preprocess_time_s": v["perf/data_preprocess_time"][i],
+            "data_preprocess_time_s": v[keys.DATA_PREPROCESS_TIME][i],
             "unattributed_time_s": _sub(_sub(step_time, wait), train),
             "step_time_s": step_time,
             "step_s_per_1k_response_tokens": _div(step_time, _mul(resp_tokens, 1e-3)),
-            "actor_train_tok_s": v["perf/actor_train_tok_per_s"][i],
-            "actor_train_tflops": v["perf/actor_train_tflops"][i],
-            "log_probs_time_s": v["perf/log_probs_time"][i], "ref_log_probs_time_s": v["perf/ref_log_probs_time"][i],
+            "actor_train_tok_s": v[keys.ACTOR_TRAIN_TOK_PER_S][i],
+            "actor_train_tflops": v[keys.ACTOR_TRAIN_TFLOPS][i],
+            "log_probs_time_s": v[keys.LOG_PROBS_TIME][i], "ref_log_probs_time_s": v[keys.REF_LOG_PROBS_TIME][i],
             "actor_train_tok_per_gpu_s": _div(_mul(total, gbs), _mul(actor, gpus)),
             "step_response_tok_per_gpu_s": _div(resp_tokens, _mul(step_time, gpus)),
             "fully_truncated": None, "joint_fully_truncated": False, "steady": step >= steady_from,

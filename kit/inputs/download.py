@@ -38,6 +38,7 @@ from kit.inputs.files import sha256_stream
 import datetime as _dt
 from kit.model.documents import replace_document
 from kit.model.errors import KitError
+from kit.model.progress import ProgressLine
 
 CHUNK = 1 << 20
 SHA256_RE = re.compile(r'^(?:W/)?"?([0-9a-f]{64})"?$')
@@ -219,32 +220,25 @@ class _Progress:
     """``  12.0 MiB / 40.0 MiB  30%  5.1 MiB/s`` on one line of stderr, at most ten updates a second."""
 
     def __init__(self, stream: TextIO | None, done: int, total: int | None):
-        self.stream, self.done, self.total = stream, done, total
-        self.start_bytes, self.t0, self.last = done, time.monotonic(), 0.0
+        self.done, self.total = done, total
+        self.line = ProgressLine(stream, tty_interval_s=0.1)
+        self.start_bytes, self.t0 = done, time.monotonic()
 
     def advance(self, n: int) -> None:
         self.done += n
-        now = time.monotonic()
-        if self.stream is not None and now - self.last >= 0.1:
-            self.last = now
-            self._draw(now)
+        if self.line.due():
+            self.line.update(self._text(time.monotonic()))
 
-    def _draw(self, now: float) -> None:
+    def _text(self, now: float) -> str:
         mib = 1 << 20
         rate = (self.done - self.start_bytes) / max(now - self.t0, 1e-6) / mib
         if self.total:
             pct = 100.0 * self.done / self.total
             width = 30
             fill = int(width * self.done / self.total)
-            text = (f"\r[{'#' * fill}{'.' * (width - fill)}] {self.done / mib:8.1f} / {self.total / mib:.1f} MiB "
+            return (f"[{'#' * fill}{'.' * (width - fill)}] {self.done / mib:8.1f} / {self.total / mib:.1f} MiB "
                     f"{pct:5.1f}%  {rate:6.1f} MiB/s")
-        else:
-            text = f"\r{self.done / mib:8.1f} MiB  {rate:6.1f} MiB/s"
-        self.stream.write(text)
-        self.stream.flush()
+        return f"{self.done / mib:8.1f} MiB  {rate:6.1f} MiB/s"
 
     def finish(self) -> None:
-        if self.stream is not None:
-            self._draw(time.monotonic())
-            self.stream.write("\n")
-            self.stream.flush()
+        self.line.update(self._text(time.monotonic()), final=True)

@@ -24,6 +24,7 @@ from typing import TextIO
 
 from kit.model.documents import schema_id
 from kit.model.errors import BadInput
+from kit.model.progress import ProgressLine
 
 CACHE_SCHEMA = schema_id("hash-cache")
 CHUNK = 1 << 20
@@ -166,22 +167,18 @@ class HashProgress:
     line each time, so logs stay readable), and one closing line when anything was hashed."""
 
     def __init__(self, stream: TextIO, root: Path, names: list[str], interval_s: float | None = None):
-        self.stream, self.root = stream, root
-        self.tty = hasattr(stream, "isatty") and stream.isatty()
-        self.interval_s = interval_s if interval_s is not None else (0.5 if self.tty else 5.0)
+        self.root = root
+        self.line = ProgressLine(stream, interval_s=interval_s)
         self.files_total = len(names)
         self.bytes_total = sum(_size(root / n) for n in names)
         self.files_done = self.bytes_done = self.bytes_hashed = self.finished_bytes = 0
-        self.t0 = self.last = time.monotonic()
-        self.drawn = False
+        self.t0 = time.monotonic()
 
     def advance(self, n: int) -> None:
         self.bytes_done += n
         self.bytes_hashed += n
-        now = time.monotonic()
-        if now - self.last >= self.interval_s:
-            self.last = now
-            self._draw(now, final=False)
+        if self.line.due():
+            self.line.update(self._line(time.monotonic()))
 
     def file_done(self, path: Path) -> None:
         # a file answered from the cache counts at once; a hashed one already counted block by block
@@ -195,18 +192,9 @@ class HashProgress:
         return (f"hashing {self.root}: {self.files_done}/{self.files_total} files, {_human(self.bytes_done)}/"
                 f"{_human(self.bytes_total)} ({pct:.0f}%), {_human(rate)}/s")
 
-    def _draw(self, now: float, final: bool) -> None:
-        text = self._line(now)
-        if self.tty:
-            self.stream.write("\r" + text + ("\n" if final else ""))
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-        self.drawn = True
-
     def finish(self) -> None:
-        if self.bytes_hashed or self.drawn:
-            self._draw(time.monotonic(), final=True)
+        if self.bytes_hashed or self.line.drawn:
+            self.line.update(self._line(time.monotonic()), final=True)
 
 
 def _size(path: Path) -> int:

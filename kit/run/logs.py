@@ -16,6 +16,7 @@ from kit.engines.vime.records import parse_records
 from kit.evidence import bundle as E
 from kit.evidence.redact import Redactor
 from kit.gates.rules import MISMATCH_KEY, mismatch_count, step_global_batch_size
+from kit.model.progress import ProgressLine
 
 
 class Progress:
@@ -25,30 +26,26 @@ class Progress:
     batch size, reference §4.2), the same figure the run summary and ``kit analyze`` report."""
 
     def __init__(self, total: int, stream: TextIO | None, arm: dict | None = None):
-        self.total, self.stream, self.arm = total, stream, arm
-        self.done, self.started, self.last_print = 0, time.monotonic(), 0.0
+        self.total, self.arm = total, arm
+        self.line = ProgressLine(stream, tty_interval_s=0.0, log_interval_s=2.0, draw_first=True)
+        self.done, self.started = 0, time.monotonic()
         self.mismatch = None
-        self.tty = bool(stream) and hasattr(stream, "isatty") and stream.isatty()
 
     def record(self, rec) -> None:
-        if self.stream is None or rec.kind != "step":
+        if self.line.stream is None or rec.kind != "step":
             return
         self.done += 1
         if MISMATCH_KEY in rec.payload:
             self.mismatch = mismatch_count(rec.payload[MISMATCH_KEY], step_global_batch_size(rec.payload, self.arm))
-        now = time.monotonic()
-        if self.tty or now - self.last_print >= 2.0 or self.done == self.total:
-            self.last_print = now
-            elapsed = now - self.started
-            eta = elapsed / self.done * max(self.total - self.done, 0)
+        final = self.done == self.total
+        if final or self.line.due():
+            eta = (time.monotonic() - self.started) / self.done * max(self.total - self.done, 0)
             shown = "-" if self.mismatch is None else f"{self.mismatch:g} tokens"
-            text = f"step {self.done}/{self.total}  ETA {eta:5.0f} s  last step mismatched {shown}"
-            self.stream.write(("\r" + text + ("\n" if self.done == self.total else "")) if self.tty else text + "\n")
-            self.stream.flush()
+            self.line.update(f"step {self.done}/{self.total}  ETA {eta:5.0f} s  last step mismatched {shown}",
+                             final=final)
 
     def finish(self) -> None:
-        if self.stream is not None and self.tty and self.done != self.total:
-            self.stream.write("\n")
+        self.line.close()
 
 
 class SignalFlag:

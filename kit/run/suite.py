@@ -67,7 +67,7 @@ class MatrixBase:
 
 
 @dataclass(frozen=True)
-class ArmSpec:
+class SuiteArm:
     code: str            # M100
     arm: object          # kit.arm.Arm
     run_id: str          # <suite-id>-<arm lower>
@@ -95,7 +95,7 @@ class SuitePlan:
     request: SuiteRequest
     base: MatrixBase
     runtime: str
-    specs: tuple[ArmSpec, ...]
+    specs: tuple[SuiteArm, ...]
     stack_name: str
     stack_sha256: str
     matrix: dict = field(hash=False, compare=False)
@@ -174,8 +174,8 @@ def run_id_for(suite_id: str, arm_name: str) -> str:
     return f"{suite_id}-{arm_name.lower()}"
 
 
-def module_specs(catalog, base: MatrixBase, suite_id: str) -> tuple[ArmSpec, ...]:
-    return tuple(ArmSpec(code, catalog.arm(base.arm_name(code), flag=None), run_id_for(suite_id, base.arm_name(code)))
+def module_specs(catalog, base: MatrixBase, suite_id: str) -> tuple[SuiteArm, ...]:
+    return tuple(SuiteArm(code, catalog.arm(base.arm_name(code), flag=None), run_id_for(suite_id, base.arm_name(code)))
                  for code in MODULE_ORDER)
 
 
@@ -221,7 +221,7 @@ def run_figures(run_dir: Path) -> dict | None:
 
 
 
-def arm_entry(spec: ArmSpec, *, outcome=None, error: str | None = None, figures: dict | None = None,
+def arm_entry(spec: SuiteArm, *, outcome=None, error: str | None = None, figures: dict | None = None,
               elapsed_s: float | None = None, verdict: str | None = None) -> dict:
     """The summary's record of one arm, from kit run's outcome, or the error that prevented one."""
     validation = getattr(outcome, "validation", None) or {}
@@ -309,7 +309,7 @@ def plan_module_suite(request: SuiteRequest, catalog=None) -> SuitePlan:
     return SuitePlan(request, base, runtime, specs, stack_name, stack_sha, matrix, source, image, image_id)
 
 
-def check_runtime_inputs(request: SuiteRequest, runtime: str, spec: ArmSpec) -> tuple[str | None, str | None]:
+def check_runtime_inputs(request: SuiteRequest, runtime: str, spec: SuiteArm) -> tuple[str | None, str | None]:
     """The runtime's input checks that hold for all eight arms, made once with the runtime's own code:
     docker: the engine answers, the image is present (``--image``, else the runtime's choice by stack
     label) and built for the stack; ray: the address is a dashboard URL that answers. Each arm's
@@ -330,7 +330,7 @@ def check_runtime_inputs(request: SuiteRequest, runtime: str, spec: ArmSpec) -> 
     return None, None
 
 
-def _run_request(request: SuiteRequest, runtime: str, workspace: Path, spec: ArmSpec, image: str | None = None):
+def _run_request(request: SuiteRequest, runtime: str, workspace: Path, spec: SuiteArm, image: str | None = None):
     """The kit run request of one arm: every arm goes through the same path as a hand-started run."""
 
     return RunRequest(arm=spec.arm, workspace=workspace, runtime=runtime, image=image or request.image,
@@ -339,7 +339,7 @@ def _run_request(request: SuiteRequest, runtime: str, workspace: Path, spec: Arm
 
 
 def run_module_suite(plan: SuitePlan, *, progress: TextIO | None = None, log: Callable[[str], None] = lambda s: None,
-                     before_arm: Callable[[ArmSpec], None] | None = None) -> tuple[dict, int]:
+                     before_arm: Callable[[SuiteArm], None] | None = None) -> tuple[dict, int]:
     """Run the eight arms in order through kit run's path; write summary.json; return it and the exit code.
 
     ``before_arm`` is called just before each arm starts (progress reporting; tests use it to

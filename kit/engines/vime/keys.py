@@ -38,5 +38,7 @@ DATA_PREPROCESS_TIME = "perf/data_preprocess_time"
 STEP_TIME = "perf/step_time"
 ACTOR_TRAIN_TOK_PER_S = "perf/actor_train_tok_per_s"
 ACTOR_TRAIN_TFLOPS = "perf/actor_train_tflops"
+LOG_PROBS_TIME = "perf/log_probs_time"
+REF_LOG_PROBS_TIME = "perf/ref_log_probs_time"
 
 LOG_KEYS = tuple(v for k, v in sorted(globals().items()) if k.isupper() and isinstance(v, str))
