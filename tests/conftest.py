@@ -22,6 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 # Tests that use these fixtures need a Docker engine or start a Ray head: they carry the marker, so
 # `pytest -m "not docker and not ray and not slow"` is the fast edit loop; ./scripts/test runs them all.
 MARKER_FIXTURES = {"docker": {"docker_engine", "cpu_image"}, "ray": {"ray_head"}}
+# Whole modules that are slow on 2 cores: the GPU kernels' CPU twins run Triton's interpreter.
+SLOW_MODULES = {"test_gpu_twins.py"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,6 +31,8 @@ def pytest_collection_modifyitems(config, items):
         for marker, fixtures in MARKER_FIXTURES.items():
             if fixtures & set(getattr(item, "fixturenames", ())):
                 item.add_marker(marker)
+        if item.path.name in SLOW_MODULES:
+            item.add_marker("slow")
 
 
 def kit_version() -> str:

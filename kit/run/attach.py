@@ -55,11 +55,11 @@ def attach(run_dir: Path, *, sign_key: Path | None = None, progress: TextIO | No
     private_key = E.load_private_key(sign_key) if sign_key is not None else None
     manifest = E.read_manifest(run_dir)
     arm_doc = read_run_document(run_dir, E.ARM_FILE)
-    runtime = manifest.get("runtime") or {}
-    address = runtime.get("address")
+    recorded = manifest.get("runtime") or {}
+    address = recorded.get("address")
     submission_id = (manifest.get("ray_job") or {}).get("submission_id")
-    if runtime.get("kind") != "ray" or not address or not submission_id:
-        raise BadInput(f"--attach {run_dir}: the manifest records no Ray job on a cluster (runtime {runtime.get('kind')})")
+    if recorded.get("kind") != "ray" or not address or not submission_id:
+        raise BadInput(f"--attach {run_dir}: the manifest records no Ray job on a cluster (runtime {recorded.get('kind')})")
     if before.get("submission_id") != submission_id:
         raise BadInput(f"--attach {run_dir}: status.json names job {before.get('submission_id')}, the manifest "
                        f"{submission_id}")
