@@ -22,15 +22,16 @@ import statistics
 
 from kit.analysis.table import manifest_workload
 from kit.model.errors import BadInput
+from kit.engines.vime import keys
 
 SCHEMA = "rlk-kit/analysis-replicates/v1"
 METRICS = {
-    "raw_reward": "rollout/raw_reward", "reward": "rollout/rewards",
-    "mismatch_count": "train/train_current_rollout_logprob_mismatch_count",
-    "mean_abs_dlogp": "train/train_rollout_logprob_abs_diff",
-    "max_abs_dlogp": "train/train_current_rollout_logprob_max_abs_diff",
-    "response_length": "rollout/response_lengths", "step_time_s": "perf/step_time",
-    "rollout_time_s": "perf/rollout_time",
+    "raw_reward": keys.RAW_REWARD, "reward": keys.REWARDS,
+    "mismatch_count": keys.MISMATCH_COUNT,
+    "mean_abs_dlogp": keys.MEAN_ABS_DIFF,
+    "max_abs_dlogp": keys.MAX_ABS_DIFF,
+    "response_length": keys.RESPONSE_LENGTHS, "step_time_s": keys.STEP_TIME,
+    "rollout_time_s": keys.ROLLOUT_TIME,
 }
 DRAWS, SEED = 2000, 1234
 
