@@ -91,6 +91,7 @@ class EngineBase:
     gates: tuple[str, ...] = ()
     log_keys: tuple[str, ...] = ()
     in_process_module: str | None = None
+    ray_actor_flag: str | None = None   # the flag that makes its workload Ray actors (smoke: --ray)
 
     @property
     def name(self) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from kit.adapters.ray import NAMED_CLUSTER_TIMEOUT_S, NODE_PROBE_SCRIPT, PROBE_MARKER, RayJob, wait_for_jobs_api
 from kit.build import layout as L
 from kit.model import node_identity as NI
+from kit.engines import get_engine
 from kit.model.engine_traits import traits
 from kit.model.errors import BadInput, CheckFailed
 from kit.runtimes.base import JobSpec, RayJobRuntime, gpu_info, host_info
@@ -128,8 +129,9 @@ class RayRuntime(RayJobRuntime):
             argv[argv.index("--arm-file") + 1] = "arm.json"
             self._staging = tempfile.mkdtemp(prefix="rlk-job-")
             shutil.copy(Path(host_run_dir) / "arm.json", Path(self._staging) / "arm.json")
-        if self.arm.engine == "smoke" and "--ray" not in argv:
-            argv.append("--ray")   # rollout and trainer as actors of the cluster, on different nodes when it has several
+        flag = get_engine(self.arm.engine).ray_actor_flag
+        if flag and flag not in argv:
+            argv.append(flag)   # rollout and trainer as actors of the cluster, on different nodes when it has several
         return argv
 
     def actor_check(self) -> dict | None:

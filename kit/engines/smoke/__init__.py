@@ -21,6 +21,7 @@ class SmokeEngine(EngineBase):
                       2 * GiB, "run dirs and a CPU image of about 1 GiB")
     gates = ("operator-routes", "model-identity")
     in_process_module = "rlk_kernels.smoke"
+    ray_actor_flag = "--ray"
     log_keys = ("train/loss", "train/grad_norm", "rollout/reward", "perf/step_time", "perf/rollout_time")
 
     def parse_records(self, lines, unparseable: list | None = None):
