@@ -48,7 +48,7 @@ def test_verify_json_document_validates_and_reports_unpinned_bases():
     result = run("verify", "--json", str(MANIFESTS / "stack-vime-g10.json"), str(MANIFESTS / "G10.json"))
     assert result.exit_code == 0
     doc = json.loads(result.output)
-    assert doc["schema"] == "rlk-kit/verification/v1" and doc["passed"] is True
+    assert doc["schema"] == "rlk-kit/verification/v2" and doc["passed"] is True
     notes = " ".join(doc["results"][0]["notes"])
     assert "unpinned input" in notes and "rocm" in notes
 
