@@ -146,9 +146,27 @@ class RayJob:
         runtime_env: dict = {"env_vars": dict(spec.env_vars)}
         if spec.working_dir:
             runtime_env["working_dir"] = spec.working_dir
-        self.submission_id = self.client.submit_job(entrypoint=spec.entrypoint, submission_id=spec.submission_id,
-                                                    runtime_env=runtime_env, metadata=dict(spec.metadata))
+        try:
+            self.submission_id = self.client.submit_job(entrypoint=spec.entrypoint,
+                                                        submission_id=spec.submission_id,
+                                                        runtime_env=runtime_env, metadata=dict(spec.metadata))
+        except RuntimeError as err:
+            # Ray's head retries its call to the job agent when the agent answers slowly (a loaded
+            # machine); the retry then finds the job the first call registered. That job is ours
+            # when it carries our entrypoint: follow it. Anything else is the cluster refusing.
+            if "already exists" in str(err) and self._is_ours(spec):
+                self.submission_id = spec.submission_id
+                return self.submission_id
+            raise CheckFailed(f"Ray job submission {spec.submission_id!r} to {self.address} was refused: "
+                              f"{_last_line(str(err))}") from None
         return self.submission_id
+
+    def _is_ours(self, spec) -> bool:
+        try:
+            info = self.client.get_job_info(spec.submission_id)
+        except RuntimeError:
+            return False
+        return info.entrypoint == spec.entrypoint
 
     def _drain(self, emit: Callable[[str], None], final: bool = False) -> None:
         text = self.client.get_job_logs(self.submission_id)
@@ -208,3 +226,8 @@ class RayJob:
                     "start_time_ms": info.start_time, "end_time_ms": info.end_time}
         except Exception as exc:
             return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip() and line.strip() != "."]
+    return lines[-1] if lines else text.strip()

@@ -2,7 +2,7 @@
 
 One table, read by the build planner, the probe, the VIME command builder and the Docker runtime.
 The Dockerfiles spell the same paths literally (a Dockerfile cannot import Python);
-tests/test_image_layout.py holds every path they name to this table.
+tests/build/test_image_layout.py holds every path they name to this table.
 """
 
 from kit.model import labels

@@ -60,7 +60,7 @@ FIXTURE_FILES: dict[str, dict[str, str]] = {
 }
 _EXECUTABLE = {"vime": {"scripts/run-smoke.sh"}}
 
-# The commits the files above produce (checked by tests/test_images_plan.py against a fresh
+# The commits the files above produce (checked by tests/build/test_images_plan.py against a fresh
 # materialization and against manifests/stack-smoke.json).
 FIXTURE_COMMITS: dict[str, str] = {
     "rl-kernel": "4bda521b68ba6092becc6034841440af4ebb5bdd",

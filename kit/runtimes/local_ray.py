@@ -31,8 +31,9 @@ from kit.build.probe import identity_differences
 
 
 def ray_start_command(temp_dir: str, dashboard_port: int, num_cpus: int) -> list[str]:
-    ray = str(Path(sys.executable).with_name("ray"))
-    return [ray if os.path.exists(ray) else "ray", "start", "--head", "--block", f"--port={free_port()}",
+    # The head runs under the kit's own interpreter: Ray's workers inherit it, so they import the
+    # same kit and kernels as the driver (a `ray` script found on PATH may belong to another Python).
+    return [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={free_port()}",
             f"--num-cpus={num_cpus}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
             f"--dashboard-port={dashboard_port}", f"--temp-dir={temp_dir}",
             f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",

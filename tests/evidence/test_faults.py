@@ -112,6 +112,7 @@ def test_a_full_disk_is_one_line_and_keeps_what_was_written(tmp_path, limit):
         assert verify_run_dir(run_dir).status == "ok"
 
 
+@pytest.mark.ray
 def test_a_proxy_in_the_environment_does_not_break_the_local_ray_head(tmp_path):
     dead = "http://127.0.0.1:9"
     env = dict(os.environ, KIT_WORKSPACE=str(tmp_path / "ws"), HTTP_PROXY=dead, HTTPS_PROXY=dead, http_proxy=dead,

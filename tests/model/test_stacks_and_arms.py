@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from kit.model.catalog import Catalog
 from kit.cli import cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 
 

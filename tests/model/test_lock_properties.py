@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kit.evidence.verify import verify_document_file
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 LOCKS = ["G10.json", "native.json", "smoke.json", "stack-vime-g11.json", "stack-vime-base.json", "module-matrix.json"]
 

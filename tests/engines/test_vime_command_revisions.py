@@ -25,7 +25,7 @@ from kit.run.plan import TopologyOverrides, resolve_plan
 from kit.model.stack import Stack
 from kit.engines.vime import command as vime
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 
 # reference §2.4: train.py flags marked † (absent in the historical launcher)

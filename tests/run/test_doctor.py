@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -292,8 +293,8 @@ def ray_head():
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tmp, "HOME": tmp}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
-        ["ray", "start", "--head", "--block", "--port=0", "--num-cpus=1", "--include-dashboard=true",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={tmp}",
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--port=0", "--num-cpus=1",
+         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={tmp}",
          f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
          f"--metrics-export-port={_free_port()}", "--disable-usage-stats"],
         env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from conftest import run_kit
 
 
 def ray_heads() -> int:
-    out = subprocess.run(["pgrep", "-f", "ray start --head"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", "start --head --block"], capture_output=True, text=True).stdout
     return len(out.split())
 
 
+@pytest.mark.ray
 def test_smoke_as_a_ray_job_on_a_local_head(tmp_path):
     before = ray_heads()
     proc = run_kit("run", "--arm", "smoke", "--ray-head", "--rollouts", "3", "--workspace", str(tmp_path),
@@ -23,7 +26,7 @@ def test_smoke_as_a_ray_job_on_a_local_head(tmp_path):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["runtime"]["kind"] == "local" and manifest["runtime"]["ray_head"] is True
     start = manifest["ray_cluster"]["start_command"]
-    assert start[1:4] == ["start", "--head", "--block"] and "--disable-usage-stats" in start
+    assert start[1:6] == ["-m", "ray.scripts.scripts", "start", "--head", "--block"] and "--disable-usage-stats" in start
     assert len(manifest["ray_cluster"]["nodes"]) == 1
     assert manifest["commands"]["train"][-1] == "--ray"              # rollout and trainer as Ray actors
     assert manifest["commands"]["ray_start"] == start

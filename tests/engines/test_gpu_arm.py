@@ -18,7 +18,7 @@ from kit.run.monitors import Monitors, plan_samplers
 from rlk_kernels.grpo.config import GrpoConfig
 from rlk_kernels.grpo.run import run_grpo
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAIR = REPO / "tests" / "data" / "gpu-pair"
 MISMATCH = "train/train_current_rollout_logprob_mismatch_count"
 MAX_DIFF = "train/train_current_rollout_logprob_max_abs_diff"
@@ -109,6 +109,7 @@ def test_a_smoke_run_has_host_monitors(tmp_path):
         assert s["status"] != "missing" or s["note"]
 
 
+@pytest.mark.ray
 def test_a_run_on_ray_samples_the_object_store(tmp_path):
     proc = run_kit("run", "--arm", "smoke", "--rollouts", "2", "--run-id", "r1", "--allow-dirty", "--ray-head",
                    "--workspace", str(tmp_path))

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from fixtures_vime_logs import synthetic_rows, write_log
-from test_analysis_comparability import make_run as sealed_run
+from test_comparability import make_run as sealed_run
 from kit.analysis.comparability import assess
 from kit.analysis.perf import analyze_perf, step_rows
 from kit.analysis.stats import Resampler, ols, t_quantile

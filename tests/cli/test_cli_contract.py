@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from kit.cli import COMMANDS, cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 os.environ["TRITON_INTERPRET"] = "1"          # before triton is imported by the module
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "fair_baseline.py"
+_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "fair_baseline.py"
 _spec = importlib.util.spec_from_file_location("fair_baseline", _PATH)
 fb = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fb)

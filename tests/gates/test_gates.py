@@ -1,6 +1,6 @@
 """Gates as data: one synthetic VIME log that passes every gate, and one variant failing each gate.
 
-The same table validates smoke runs (tests/test_run.py) and VIME runs (here).
+The same table validates smoke runs (tests/run/test_run.py) and VIME runs (here).
 """
 
 from __future__ import annotations

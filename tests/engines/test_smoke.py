@@ -13,7 +13,7 @@ import pytest
 from kit.engines.vime.records import parse_records
 from rlk_kernels.smoke import SmokeConfig, run_smoke, run_smoke_on_ray
 
-ARM = json.loads((Path(__file__).resolve().parents[1] / "manifests" / "smoke.json").read_text())
+ARM = json.loads((Path(__file__).resolve().parents[2] / "manifests" / "smoke.json").read_text())
 MISMATCH = "train/train_current_rollout_logprob_mismatch_count"
 MAX_DIFF = "train/train_current_rollout_logprob_max_abs_diff"
 

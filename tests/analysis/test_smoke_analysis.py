@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from kit.cli import cli
 from kit.engines.vime.records import parse_records
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROLLOUTS = 3
 
 
