@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from kit.evidence.compare import gate_set_of
+from kit.evidence.compare import compare_run_manifests
 
 CONTROLLED_LABEL = "controlled comparison"
 DESCRIPTIVE_LABEL = "descriptive, not causal"
@@ -73,14 +74,6 @@ class Comparability:
                 "headline": self.headline(), "pairs": [p.to_json() for p in self.pairs]}
 
 
-def _default_compare() -> tuple[Callable | None, str | None]:
-    try:
-        from kit.evidence.compare import compare_run_manifests  # lazy: owned by the comparison module
-    except Exception as exc:  # ImportError, or a module that fails to import
-        return None, f"kit.compare.compare_run_manifests is not available ({type(exc).__name__})"
-    return compare_run_manifests, None
-
-
 def run_reasons(arm, who: str | None = None, shown: int = 3) -> tuple[str, ...]:
     """Why one run cannot vouch for its side of a comparison: no manifest, or a run dir that fails
     verification (``arm.evidence_problems``); empty for a run dir that verifies. ``who`` names the
@@ -110,11 +103,7 @@ def assess_pair(reference, other, compare: Callable | None = None, pooled: Seque
     evidence = tuple(dict.fromkeys(reasons))
     if reference.manifest is None or other.manifest is None:
         return PairVerdict(reference.name, other.name, False, evidence, ())
-    problem = None
-    if compare is None:
-        compare, problem = _default_compare()
-    if compare is None:
-        return PairVerdict(reference.name, other.name, False, (problem,) + evidence, ())
+    compare = compare or compare_run_manifests
     try:
         result = compare(reference.manifest, other.manifest)
     except Exception as exc:  # a manifest the comparison cannot read is not evidence of control

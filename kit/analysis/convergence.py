@@ -12,8 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kit import __version__
+from kit.analysis.comparability import assess
 from kit.analysis.stats import exact_mean
 from kit.analysis.table import manifest_arm, manifest_workload
+from kit.evidence.compare import ARM_FIELDS_NOT_COMPARED, classify, compare_run_manifests, flatten
+from kit.model.documents import read_json_file
+from kit.model.errors import BadInput
 
 RUNS_COLUMNS = (
     "phase", "run_id", "group", "seed", "rollout_seed", "num_rollout", "rl_kernel_revision", "vime_revision",
@@ -99,7 +104,6 @@ def _validation(arm) -> dict | None:
     for name in ("run-validation.json", "validation.json"):
         path = arm.run_dir / name
         if path.is_file():
-            from kit.model.documents import read_json_file
 
             doc = read_json_file(path)
             return doc if isinstance(doc, dict) else None
@@ -199,8 +203,6 @@ def summarize(rows: list[dict], phase: str, group: str, run_count: int) -> dict:
 
 
 def analyze_convergence(arms, phase: str | None = None, compare=None, *, accept_gate_sets: bool = False) -> ConvergenceReport:
-    from kit.analysis.comparability import assess
-    from kit.model.errors import BadInput
 
     runs, rounds = [], []
     for arm in arms:
@@ -229,7 +231,6 @@ def analyze_convergence(arms, phase: str | None = None, compare=None, *, accept_
         if not any(a is f for f in firsts):
             pooled.setdefault(a.name, []).append(a)
     verdict = assess(firsts, compare, pooled, accept_gate_sets=accept_gate_sets)
-    from kit import __version__
 
     summary = {
         "schema": "rlk-kit/analysis-convergence/v1",
@@ -251,7 +252,6 @@ def pooled_differences(first, other) -> list[tuple[str, object, object]]:
 
     kit compare's run view is used (arm, stack content, image, observed identity, volatile fields
     removed); a manifest it cannot read (no stack) is compared by its arm document alone."""
-    from kit.evidence.compare import ARM_FIELDS_NOT_COMPARED, classify, compare_run_manifests, flatten
 
     try:
         diffs = compare_run_manifests(first.manifest, other.manifest).differences
@@ -265,7 +265,6 @@ def pooled_differences(first, other) -> list[tuple[str, object, object]]:
 def _refuse_unlike_pool(group: str, first, other) -> None:
     # Runs of one name are summarised as one arm: an R/R run pooled with a P/P run would make a
     # group that is neither. Bare logs cannot be checked; the verdict names them instead.
-    from kit.model.errors import BadInput
 
     if first.manifest is None or other.manifest is None:
         return

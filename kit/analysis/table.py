@@ -18,7 +18,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.model.errors import BadInput
 from kit.engines.vime.records import (
     RecordConflict,
     StepRecords,
@@ -28,6 +27,10 @@ from kit.engines.vime.records import (
     is_finite_number,
     parse_records,
 )
+from kit.evidence.audit import verify_run_dir
+from kit.evidence.bundle import SEAL
+from kit.model.documents import read_json_file, schema_problems
+from kit.model.errors import BadInput
 
 RUN_LOG = "run.log"
 MANIFEST = "manifest.json"
@@ -130,7 +133,6 @@ def load_arm(path: Path | str, name: str | None = None, global_batch_size: int |
         if not log_path.is_file():
             raise BadInput(f"{path}: a run directory must hold {RUN_LOG}")
         if (path / MANIFEST).is_file():
-            from kit.model.documents import read_json_file
 
             manifest = read_json_file(path / MANIFEST)
             if not isinstance(manifest, dict):
@@ -180,9 +182,6 @@ def _evidence_problems(run_dir: Path, manifest: dict | None) -> tuple[str, ...]:
 
     verify_run_dir checks the manifest's schema only once the seal vouches for its bytes, so an
     unsealed run's manifest is checked here as well: either way its fields are not evidence."""
-    from kit.model.documents import schema_problems
-    from kit.evidence.audit import verify_run_dir
-    from kit.evidence.bundle import SEAL
 
     if manifest is None and not (run_dir / SEAL).is_file():
         return ()  # only a log: the bare-log reason says everything

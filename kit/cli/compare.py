@@ -7,6 +7,8 @@ from pathlib import Path
 import click
 
 from kit.cli._output import emit_json
+from kit.evidence.compare import compare_arms, compare_run_dirs
+from kit.model.catalog import Catalog
 from kit.model.errors import BadInput
 
 
@@ -44,12 +46,9 @@ def command(a, b, public_key, require_signature, accept_gate_sets, as_json):
                 other = "B" if name == "A" else "A"
                 raise BadInput(f"argument {name} ({value}): {what}; {other} is a run directory, so {name} must be "
                                "one too (<workspace>/runs/<run-id>)")
-        from kit.evidence.compare import compare_run_dirs  # runs: observed identities from the manifests
         result = compare_run_dirs(Path(a), Path(b), public_key=public_key, require_signature=require_signature,
                                   accept_gate_sets=accept_gate_sets)
     else:
-        from kit.model.catalog import Catalog
-        from kit.evidence.compare import compare_arms
         catalog = Catalog.default()
         result = compare_arms(catalog.arm_ref(a), catalog.arm_ref(b))
     if as_json:

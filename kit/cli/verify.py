@@ -6,7 +6,17 @@ from pathlib import Path
 
 import click
 
+from kit.build.images import check_image, engine, image_stack_name, verify_image_by_probe
+from kit.build.provenance_check import image_provenance_problems
 from kit.cli._output import emit_json
+from kit.cli.build import default_workspace
+from kit.evidence.audit import verify_run_dir, write_in_toto
+from kit.evidence.bundle import SEAL
+from kit.evidence.signing import load_public_key
+from kit.evidence.verdict import FileVerdict
+from kit.evidence.verify import verify_document_file
+from kit.model.catalog import Catalog
+from kit.model.documents import read_json_file
 from kit.model.errors import BadInput, KitError
 
 
@@ -41,9 +51,6 @@ def command(paths, image, arm_name, stack_name, public_key, require_signature, i
       kit verify --image rlk-kit/smoke:cpu-0123456789ab --arm smoke
       kit verify --image rlk-kit/smoke:cpu-0123456789ab     # the stack its label names
     """
-    from kit.evidence.audit import verify_run_dir
-    from kit.evidence.signing import load_public_key
-    from kit.evidence.verify import FileVerdict, verify_document_file
 
     if not paths and not image:
         raise BadInput("give one or more PATHs (lock files or run dirs) or --image REF; see kit verify --help")
@@ -83,9 +90,6 @@ def command(paths, image, arm_name, stack_name, public_key, require_signature, i
 
 def _write_in_toto(verdicts, out: Path) -> None:
     """The statement of the one run dir that verified (errors writing it are the flag's, exit 2)."""
-    from kit.evidence.audit import write_in_toto
-    from kit.evidence.bundle import SEAL
-    from kit.model.documents import read_json_file
 
     runs = [v for v in verdicts if v.kind == "run"]
     if len(runs) != 1:
@@ -103,13 +107,9 @@ def _one_line(exc: Exception) -> str:
 
 
 def _verify_image(image: str, arm_name: str | None, stack_name: str | None):
-    from kit.model.catalog import Catalog
-    from kit.build.images import verify_image_by_probe  # docker-py shell: kit/build/images.py
 
     if arm_name and stack_name:
         raise BadInput("--image takes at most one of --arm A or --stack S (the stack the image must hold)")
-    from kit.build.images import check_image, image_stack_name
-    from kit.evidence.verify import FileVerdict
 
     catalog = Catalog.default()
     from_label = None
@@ -131,9 +131,6 @@ def _verify_image(image: str, arm_name: str | None, stack_name: str | None):
     probe = verify_image_by_probe(image, stack)  # what a container of it observes
     verdict.problems = [(f"label {name}", f"expected {want!r}, found {got!r}") for name, want, got in labels.differences]
     verdict.problems += [(f"probe {name}", f"expected {want!r}, observed {got!r}") for name, want, got in probe.differences]
-    from kit.build.images import engine
-    from kit.build.provenance_check import image_provenance_problems
-    from kit.cli.build import default_workspace
 
     problems, notes = image_provenance_problems(engine(), image, default_workspace().resolve())
     verdict.problems += problems

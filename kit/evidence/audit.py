@@ -16,13 +16,29 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kit.evidence.bundle import (HASH_WORKERS, ID_REGISTRY, MANIFEST, SEAL, SEAL_TMP_PREFIX, STATUS, VALIDATION, root_sha256,
-                                 seal_sha256, status_of)
+from kit.evidence.bundle import (
+    HASH_WORKERS,
+    ID_REGISTRY,
+    MANIFEST,
+    SEAL,
+    SEAL_TMP_PREFIX,
+    STATUS,
+    VALIDATION,
+    root_sha256,
+    seal_sha256,
+    status_of,
+)
 from kit.evidence.files import hash_bounded, walk_run_dir
 from kit.evidence.signing import UNSIGNED, dsse_envelope, load_public_key, policy_problems, seal_trust
-from kit.evidence.verify import FileVerdict
-from kit.model.documents import (MAX_DOCUMENT_BYTES, dumps_pretty, parse_json_bytes, read_json_file, schema_problems,
-                                 write_new_document)
+from kit.evidence.verdict import FileVerdict
+from kit.model.documents import (
+    MAX_DOCUMENT_BYTES,
+    dumps_pretty,
+    parse_json_bytes,
+    read_json_file,
+    schema_problems,
+    write_new_document,
+)
 from kit.model.errors import BadInput, KitError
 
 IN_TOTO_STATEMENT = "https://in-toto.io/Statement/v1"

@@ -20,6 +20,7 @@ from kit.evidence.audit import verify_run_dir
 from kit.model.arm import Arm
 from kit.model.documents import read_json_file
 from kit.model.errors import BadInput, KitError
+from kit.model.stack import stack_identity
 
 # Fields that name or describe an arm, or are compared through the stack's content instead.
 ARM_FIELDS_NOT_COMPARED = ("schema", "name", "description", "comparison", "stack")
@@ -181,7 +182,6 @@ def run_view(manifest: dict) -> dict:
     """What defines a run for comparison: the arm's experiment fields, the stack content, the image id
     and the observed identity (volatile fields such as hostnames and times removed; the package freeze
     keyed by package name)."""
-    from kit.model.stack import stack_identity
 
     arm = manifest["arm"]
     view = {k: v for k, v in arm.items() if k not in ARM_FIELDS_NOT_COMPARED}

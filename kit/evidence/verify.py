@@ -9,34 +9,20 @@ Pure over files: no engine. Run directories and images are verified by ``kit.evi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.build.provenance_check import is_statement, statement_problems
+from kit.evidence.compare import compare_arms
+from kit.evidence.verdict import FileVerdict
 from kit.model.arm import arm_rule_problems, matrix_arm_documents
+from kit.model.catalog import Catalog
 from kit.model.documents import read_json_file, schema_problems, sha256_of_file
 from kit.model.errors import KitError
 from kit.model.lock import lock_rule_problems
 from kit.model.stack import Stack, StackResolutionError, resolve_stack_document, stack_rule_problems
 
 
-@dataclass
-class FileVerdict:
-    path: str
-    kind: str = "unknown"
-    status: str = "ok"                                   # ok | fail | unreadable
-    problems: list[tuple[str, str]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    trust: str | None = None                             # run dirs: unsigned | signed | trusted (kit.evidence.signing)
-
-    def to_json(self) -> dict:
-        return {"path": self.path, "kind": self.kind, "status": self.status,
-                "problems": [{"pointer": p, "message": m} for p, m in self.problems], "notes": list(self.notes)} \
-            | ({"trust": self.trust} if self.trust else {})
-
-
 def _catalog_for(path: Path):
-    from kit.model.catalog import Catalog  # the file's own directory supplies the stacks it names
     return Catalog.load(path.resolve().parent)
 
 
@@ -172,7 +158,6 @@ def _comparison_rules(catalog, doc: dict, comparison: dict) -> list[tuple[str, s
 def _comparison_notes(catalog, doc: dict) -> list[str]:
     """Whether a declared comparison holds is reported, not failed: a faithful lock of an uncontrolled
     historical pair (G10/G11) is still a valid lock. ``kit compare`` is the check that exits 1."""
-    from kit.evidence.compare import compare_arms
     other_name = doc["comparison"]["with"]
     try:
         a, b = catalog.arm_from_document(doc, "this arm", check_rules=False), catalog.arm(other_name)
