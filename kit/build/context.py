@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kit.build.plan import DOCKERFILES, ContextEntry, patch_context_path
 from kit.model.errors import BadInput
+from kit.model.lock import install_files, platform_kind
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The user:password part of a remote URL, kept out of the source label.
@@ -49,6 +50,13 @@ def collect_context(stack_doc: dict, platform: str, *, workspace: Path, override
     lock = stack_lock(stack_doc["name"], platform, manifests_dir)
     if lock is not None:
         out.entries.append(ContextEntry.of_bytes("lock.json", dumps_pretty(lock).encode()))
+        if platform_kind(platform) in ("cuda", "rocm"):   # what Dockerfile.cuda/.rocm install, and nothing else
+            for name, text in install_files(lock).items():
+                out.entries.append(ContextEntry.of_bytes(f"lock/{name}", text.encode()))
+    elif platform_kind(platform) in ("cuda", "rocm"):
+        out.problems.append(f"stack {stack_doc['name']!r} has no lock for {platform} in {manifests_dir}, and a "
+                            f"{platform} image installs from its lock only; run `kit lock {stack_doc['name']} "
+                            f"--platform {platform}` and commit the lock")
     else:
         out.notes.append(f"stack {stack_doc['name']!r} has no lock for {platform} in {manifests_dir}; "
                          f"run `kit lock {stack_doc['name']} --platform {platform}`")

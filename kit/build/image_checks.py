@@ -210,12 +210,14 @@ def probe_differences(client, image: str, observed: dict, stack_doc: dict) -> li
     from kit.build.probe import extension_differences, identity_differences
 
     differences = identity_differences(observed, stack_doc)
+    at_build = build_time_probe(client, image)
     lock = stack_lock(stack_doc["name"], image_platform(client, image), _manifests_dir())
     if lock is not None:
         from kit.build.installed import freeze_entries, installed_differences
 
-        differences += installed_differences(lock, freeze_entries(observed.get("freeze", [])))
-    at_build = build_time_probe(client, image)
+        # What the build-time check let pass beside the lock (a baked source's distribution) may stay.
+        apart = set(freeze_entries(at_build.get("freeze", []))) if not at_build.get("differences") else set()
+        differences += installed_differences(lock, freeze_entries(observed.get("freeze", [])), apart)
     if "error" in at_build:
         differences.append(("probe_at_build", PROBE_AT_BUILD_PATH, at_build["error"]))
     else:

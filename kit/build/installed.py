@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from importlib import metadata
 from pathlib import Path
 
+from kit.build.layout import SOURCES_DIR
 from kit.model.lock import normalize
 
 # Installed with --no-deps from the kit's own wheel, not from the lock.
@@ -42,12 +44,30 @@ def installed_versions() -> dict[str, str]:
     return out
 
 
-def installed_differences(lock: dict, installed: dict[str, str]) -> list[tuple[str, str | None, str | None]]:
-    """(``lock.<name>``, locked version or None, installed version or None) for each mismatch."""
+def source_distributions() -> set[str]:
+    """Distributions installed from a stack source baked at /opt/rlk/src (RL-Kernel's extensions): pinned by
+    commit and tree in the stack, not by the lock. Known by the ``direct_url.json`` pip writes for them."""
+    out = set()
+    for dist in metadata.distributions():
+        try:
+            url = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
+        except ValueError:
+            continue
+        if url == f"file://{SOURCES_DIR}" or url.startswith(f"file://{SOURCES_DIR}/"):
+            out.add(normalize(dist.metadata["Name"] or "?"))
+    return out
+
+
+def installed_differences(lock: dict, installed: dict[str, str],
+                          apart: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, str | None, str | None]]:
+    """(``lock.<name>``, locked version or None, installed version or None) for each mismatch.
+
+    ``apart``: names installed apart from the lock (``source_distributions()``); the kit's own always are.
+    """
     locked = {p["name"]: p["version"] for p in lock["packages"]}
     out = []
     for name in sorted(set(locked) | set(installed)):
-        if name in KIT_DISTRIBUTIONS:
+        if name in KIT_DISTRIBUTIONS or (name in apart and name not in locked):
             continue
         if locked.get(name) != installed.get(name):
             out.append((f"lock.{name}", locked.get(name), installed.get(name)))

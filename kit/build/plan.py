@@ -6,7 +6,7 @@ and the tag ``rlk-kit/<stack>:<platform>-<12 hex>``. The deterministic tar of th
 here too, so a rebuild with nothing changed sends the engine the same bytes. Example::
 
     plan = make_plan(stack_doc, stack_sha256, "cuda", entries, kit_version="0.1.0")
-    plan.build_args["TRANSFORMER_ENGINE_VERSION"]   # "2.18.0" for vime-g10
+    plan.build_args["TORCH_CUDA_ARCH_LIST"]          # "9.0"
     plan.tag                                        # "rlk-kit/vime-g10:cuda-3f0c…"
 
 Source trees enter the inputs by their git commit (a content hash already): the tar made from a
@@ -34,13 +34,9 @@ PLATFORMS = ("cuda", "rocm", "cpu")
 DOCKERFILES = {"cuda": "Dockerfile.cuda", "rocm": "Dockerfile.rocm", "cpu": "docker/Dockerfile.cpu"}
 # The static Dockerfiles take one set of build args per source name (no loops in a Dockerfile).
 BAKED_SOURCES = ("rl-kernel", "vime", "megatron-lm")
-# Installed apart from PACKAGES: its torch extension builds against the torch installed first.
-SEPARATE_PACKAGES = ("transformer-engine",)
-# Build tools of the CUDA/ROCm images; uv embeds the sha256 of every Python build it downloads.
-TOOL_PINS = {"uv": "0.9.7"}
-# The build tools and the kit's own requirements installed into the CUDA/ROCm venv are pinned in
-# manifests/stack-kit-tools.json, a layer the VIME stacks extend: they are stack packages (PACKAGES),
-# locked with the rest.
+# The CUDA/ROCm images install their lock only: kit/build/context.py renders it into lock/*.lock
+# (kit.model.lock.install_files), so no package pin is a build arg there. Every pin, the build tools
+# and uv included, lives in manifests/ (stack-kit-tools.json, stack-vime-base.json) and in the lock.
 # Fixed mtime of every context member (2024-01-01T00:00:00Z); the engine never sees wall-clock time.
 CONTEXT_MTIME = 1704067200
 ROCM_TORCH_INDEX = "https://download.pytorch.org/whl/rocm{major_minor}"
@@ -152,9 +148,9 @@ def build_args(stack_doc: dict, platform: str) -> dict[str, str]:
     args = {
         "BASE_IMAGE": entry["base_image"],
         "PYTHON_VERSION": stack_doc["python"],
-        "PACKAGES": " ".join(requirement(n, v) for n, v in sorted(packages.items())
-                             if n not in SEPARATE_PACKAGES),
     }
+    if platform == "cpu":
+        args["PACKAGES"] = " ".join(requirement(n, v) for n, v in sorted(packages.items()))
     by_name = {s["name"]: s for s in stack_doc["sources"]}
     for name in BAKED_SOURCES:
         src = by_name.get(name, {})
@@ -164,9 +160,6 @@ def build_args(stack_doc: dict, platform: str) -> dict[str, str]:
         args[f"{prefix}_PATCHES"] = " ".join(
             f"{p['sha256']}:{patch_context_path(name, i, p['path']).split('/', 2)[2]}"
             for i, p in enumerate(src.get("patches", [])))
-    if platform in ("cuda", "rocm"):
-        args["TRANSFORMER_ENGINE_VERSION"] = packages.get("transformer-engine", "")
-        args["UV_VERSION"] = TOOL_PINS["uv"]
     if platform == "cuda":
         args["TORCH_CUDA_ARCH_LIST"] = ";".join(entry.get("cuda_arch_list", []))
     if platform == "rocm":

@@ -9,7 +9,7 @@ import click
 from kit.model.errors import BadInput, CheckFailed
 from kit.model.documents import dumps_pretty, read_json_file, require_valid
 from kit.build.probe import identity_differences, observed_identity
-from kit.build.installed import installed_differences, installed_versions, record_differences
+from kit.build.installed import installed_differences, installed_versions, record_differences, source_distributions
 
 
 @click.command(name="probe")
@@ -51,7 +51,8 @@ def command(check_stack, check_lock, source_roots, no_conformance, as_json):
     if check_lock is not None:
 
         lock = require_valid(read_json_file(check_lock), str(check_lock), "lock")
-        differences += installed_differences(lock, installed_versions()) + record_differences()
+        differences += (installed_differences(lock, installed_versions(), source_distributions())
+                        + record_differences())
     if stack is not None or check_lock is not None:
         observed["differences"] = [{"field": f, "expected": e, "observed": o} for f, e, o in differences]
     if as_json:

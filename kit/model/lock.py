@@ -24,8 +24,9 @@ LOCK_SCHEMA = "rlk-kit/lock/v1"
 # nvidia-cutlass-dsl-libs-cu13, cupy-cuda12x.
 _CU_SUFFIX_RE = re.compile(r"^(?:nvidia-|transformer-engine-).*?-cu(\d+)$|^transformer-engine-cu(\d+)$")
 _CUPY_RE = re.compile(r"^cupy-cuda(\d+)x$")
-# cuda-python and cuda-bindings are versioned by the CUDA release they bind (12.9.4 -> CUDA 12).
-_VERSIONED_BY_CUDA = ("cuda-bindings", "cuda-python")
+# cuda-python and cuda-bindings are versioned by the CUDA release they bind (12.9.4 -> CUDA 12), the
+# cuda-toolkit metapackage (torch 2.11's CUDA 13 dependencies) by the release it installs (13.0.2).
+_VERSIONED_BY_CUDA = ("cuda-bindings", "cuda-python", "cuda-toolkit")
 _LOCAL_CU_RE = re.compile(r"\+cu(\d+)")            # 2.9.1+cu128, flashinfer-jit-cache 0.6.3+cu129
 _LOCAL_ROCM_RE = re.compile(r"\+rocm(\d+)\.(\d+)")  # 2.9.1+rocm6.3
 _ROCM_NAME_RE = re.compile(r"rocm")                 # pytorch-triton-rocm, vllm-rocm …
@@ -264,10 +265,35 @@ def lock_differences(old: dict, new: dict) -> dict[str, list]:
             "changed": changed}
 
 
-def hashed_requirements(doc: dict) -> str:
-    """The lock as a pip requirements file for ``pip install --require-hashes --no-deps -r``."""
+def hashed_requirements(doc: dict, names: set[str] | None = None) -> str:
+    """The lock (or only ``names`` of it) as a requirements file for ``pip install --require-hashes --no-deps -r``."""
     lines = []
     for pkg in doc["packages"]:
+        if names is not None and pkg["name"] not in names:
+            continue
         hashes = " ".join(f"--hash=sha256:{f['sha256']}" for f in pkg["files"])
         lines.append(f"{pkg['name']}=={pkg['version']} {hashes}\n")
     return "".join(lines)
+
+
+# The installer of the CUDA/ROCm images, put in place by the base OS's pip from the lock's own hashes.
+BOOTSTRAP_PACKAGES = ("uv",)
+
+
+def install_files(doc: dict) -> dict[str, str]:
+    """The requirements files an image installs a lock from (``kit build`` puts them in ``lock/``).
+
+    ``bootstrap.lock``: the installer (uv) alone; ``requirements.lock``: every distribution that has a
+    wheel (installed with no resolver and no build); ``requirements-sdist.lock``: the few that exist only
+    as an sdist (transformer-engine-torch), built afterwards against the torch already installed.
+
+    >>> files = install_files({"packages": [{"name": "uv", "version": "0.9.7", "files": [{"file": "uv.whl", "sha256": "a"}]},
+    ...                                     {"name": "te-torch", "version": "2", "files": [{"file": "te.tar.gz", "sha256": "b"}]}]})
+    >>> files["bootstrap.lock"].split(), files["requirements-sdist.lock"].split()
+    (['uv==0.9.7', '--hash=sha256:a'], ['te-torch==2', '--hash=sha256:b'])
+    """
+    wheels = {p["name"] for p in doc["packages"] if any(f["file"].endswith(".whl") for f in p["files"])}
+    sdists = {p["name"] for p in doc["packages"]} - wheels
+    return {"bootstrap.lock": hashed_requirements(doc, set(BOOTSTRAP_PACKAGES)),
+            "requirements.lock": hashed_requirements(doc, wheels),
+            "requirements-sdist.lock": hashed_requirements(doc, sdists)}

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kit.build.resolve import default_find_links, resolve_lock
-from kit.model.lock import hashed_requirements, lock_rule_problems
+from kit.build.installed import installed_differences
+from kit.build.resolve import default_find_links, resolve_lock, uv_command
+from kit.model.lock import hashed_requirements, install_files, lock_rule_problems
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = {"schema": "rlk-kit/stack/v2", "name": "tiny", "python": f"{sys.version_info.major}.{sys.version_info.minor}",
@@ -92,3 +93,36 @@ def test_installed_equals_lock_then_extra_missing_and_edited_are_named(tiny):
         subprocess.run([py, "-m", "pip", "install", "-q", "--no-index", "--find-links", root / "wh", "--no-deps",
                         "six==1.17.0"], check=True)
     assert _compare(root, py) == []
+
+
+def test_the_image_install_lines_install_exactly_the_rendered_lock(tiny, tmp_path):
+    """Dockerfile.cuda/.rocm's step, for real: `uv pip sync --require-hashes --no-build` of the
+    requirements.lock that kit build renders, then the installed-vs-lock comparison."""
+    root, lock, _ = tiny
+    files = install_files(lock)
+    assert files["requirements-sdist.lock"] == "" and files["bootstrap.lock"] == ""   # all wheels, no uv here
+    (tmp_path / "requirements.lock").write_text(files["requirements.lock"])
+    uv = uv_command()
+    subprocess.run([*uv, "venv", "-q", "--python", sys.executable, tmp_path / "venv"], check=True)
+    py = tmp_path / "venv" / "bin" / "python"
+    sync = [*uv, "pip", "sync", "-q", "--python", py, "--no-index", "--find-links", root / "wh", "--require-hashes",
+            "--no-build"]
+    subprocess.run([*sync, tmp_path / "requirements.lock"], check=True)
+    (tmp_path / "lock.json").write_text(json.dumps(lock))
+    assert _compare(tmp_path, py) == []
+    # One changed sha256 in the rendered file: uv installs nothing from it.
+    bad = files["requirements.lock"].replace(lock["packages"][0]["files"][0]["sha256"], "0" * 64)
+    (tmp_path / "bad.lock").write_text(bad)
+    subprocess.run([*uv, "pip", "uninstall", "-q", "--python", py, lock["packages"][0]["name"]], check=True)
+    proc = subprocess.run([*sync, tmp_path / "bad.lock"], capture_output=True, text=True)
+    assert proc.returncode != 0 and "hash" in proc.stderr.lower(), proc.stderr
+    assert [f"lock.{lock['packages'][0]['name']}", lock["packages"][0]["version"], None] in _compare(tmp_path, py)
+
+
+def test_distributions_of_baked_sources_are_apart_from_the_lock_but_lock_entries_are_not():
+    lock = {"packages": [{"name": "six", "version": "1.17.0", "files": []}]}
+    installed = {"six": "1.17.0", "rl-kernel": "0.1.0", "rlk-kit": "0.1.0"}
+    assert installed_differences(lock, installed) == [("lock.rl-kernel", None, "0.1.0")]
+    assert installed_differences(lock, installed, {"rl-kernel"}) == []
+    # a locked name stays judged by the lock even when a source installed it
+    assert installed_differences(lock, {"six": "9"}, {"six"}) == [("lock.six", "1.17.0", "9")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 
 from kit.evidence.verify import verify_document_file
 from kit.model.catalog import Catalog
-from kit.model.lock import cuda_major, lock_differences, lock_rule_problems, lock_sha256
+from kit.model.lock import cuda_major, install_files, lock_differences, lock_rule_problems, lock_sha256
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
@@ -168,3 +169,77 @@ def test_kit_lock_check_without_an_index_exits_2(tmp_path):
                            "http://127.0.0.1:9/simple"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "UNREACHABLE" in proc.stdout and "not reachable" in proc.stdout
+
+
+def test_kit_lock_check_of_every_committed_lock_without_network_exits_2(tmp_path):
+    """The network really cut: the index is a closed local port and no local wheel directory is given."""
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("UV_")}
+    env.update(KIT_MANIFESTS=str(MANIFESTS), PIP_FIND_LINKS="", UV_HTTP_RETRIES="0")   # refused at once, not retried
+    proc = subprocess.run([sys.executable, "-m", "kit", "lock", "--check", "--json", "--index",
+                           "http://127.0.0.1:9/simple"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    results = json.loads(proc.stdout)["results"]
+    assert {(r["stack"], r["platform"]) for r in results} == set(Catalog.load(MANIFESTS).lock_docs)
+    assert len(results) == len(list(MANIFESTS.glob("lock-*.json")))
+    assert all(r["status"] == "unreachable" and "not reachable" in r["message"] for r in results), results
+
+
+@pytest.mark.slow
+def test_kit_lock_check_of_the_smoke_lock_with_the_index_exits_0(tmp_path):
+    """With PyPI (and this host's wheel directory for torch +cpu) the committed lock re-resolves unchanged."""
+    env = {**__import__("os").environ, "KIT_MANIFESTS": str(MANIFESTS)}
+    proc = subprocess.run([sys.executable, "-m", "kit", "lock", "smoke", "--check", "--json"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [r["status"] for r in json.loads(proc.stdout)["results"]] == ["ok"]
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.cuda", "Dockerfile.rocm"])
+def test_cuda_and_rocm_images_install_their_lock_only_and_compare_it(dockerfile):
+    code = "\n".join(line for line in (REPO / dockerfile).read_text().splitlines() if not line.lstrip().startswith("#"))
+    assert "PACKAGES" not in code and "UV_VERSION" not in code and "TRANSFORMER_ENGINE_VERSION" not in code
+    # every Python package install is by sha256 without deps (or the kit / a baked source, without deps)
+    python_installs = [line for line in code.splitlines() if "pip install" in line or "pip sync" in line]
+    assert python_installs and all("--require-hashes" in line or "--no-deps" in line or "kit-src" in line
+                                   or "-e ." in line for line in python_installs), python_installs
+    assert "uv pip sync" in code and "--no-build " in code and "/tmp/rlk-lock/requirements.lock" in code
+    assert "-r /tmp/rlk-lock/bootstrap.lock" in code and "-r /tmp/rlk-lock/requirements-sdist.lock" in code
+    assert "COPY lock/ /tmp/rlk-lock/" in code and "COPY lock.json /opt/rlk/lock.json" in code
+    assert "kit probe --check-lock /opt/rlk/lock.json" in code
+
+
+def test_the_g11_plan_renders_its_lock_into_the_context(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "kit", "build", "cuda", "--arm", "G11", "--dry-run", "--json",
+                           "--workspace", str(tmp_path / "ws")], capture_output=True, text=True,
+                          env={**__import__("os").environ, "KIT_MANIFESTS": str(MANIFESTS)}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    lock = _lock("vime-g11")
+    files = install_files(lock)
+    listed = {e["path"]: e["digest"] for e in plan["context"]}
+    for name, text in files.items():
+        assert listed[f"lock/{name}"] == "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    assert files["bootstrap.lock"].startswith("uv==") and "transformer-engine-torch==2.11.0" in files["requirements-sdist.lock"]
+    assert len(files["requirements.lock"].splitlines()) + 1 == len(lock["packages"]) >= 150
+    assert "vllm==0.16.0 --hash=sha256:" in files["requirements.lock"]   # its manylinux_2_31 wheel, not the sdist
+    assert plan["labels"]["dev.rlk-kit.lock.sha256"] == lock_sha256(lock)
+
+
+def test_the_gpu_h200_revision_is_locked_for_cuda_13_and_the_sealed_pair_keeps_revision_1():
+    catalog = Catalog.load(MANIFESTS)
+    lock, _ = catalog.lock("gpu-h200-r2", "cuda")
+    stack = catalog.stack("gpu-h200-r2").document
+    assert lock_rule_problems(lock, stack) == []
+    versions = {p["name"]: p["version"] for p in lock["packages"]}
+    assert versions["torch"] == "2.11.0" and versions["triton"] == "3.6.0" and versions["cuda-toolkit"].startswith("13.")
+    assert all(len(f["sha256"]) == 64 for p in lock["packages"] for f in p["files"])
+    # a CUDA 12 library in it is named by the rule
+    bad = copy.deepcopy(lock)
+    bad["packages"].append({"name": "nvidia-nccl-cu12", "version": "2.27.5", "files": [{"file": "x.whl", "sha256": "0" * 64}]})
+    assert any("cuda-major: nvidia-nccl-cu12" in m for _, m in lock_rule_problems(bad))
+    assert cuda_major("cuda-toolkit", "12.8.1")[0] == 12
+    # The committed H200 pair is tied to revision 1 (no lock), whose sha256 has not moved.
+    pair = sorted((REPO / "tests" / "data" / "gpu-pair").glob("*/manifest.json"))
+    assert len(pair) == 2
+    for path in pair:
+        assert json.loads(path.read_text())["stack"]["sha256"] == catalog.stack("gpu-h200").sha256

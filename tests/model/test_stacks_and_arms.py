@@ -186,14 +186,14 @@ def test_readable_but_invalid_beats_nothing_and_unreadable_wins(tmp_path, lock_d
 
 
 def test_platform_packages_override_the_stacks_own():
-    from kit.build.plan import build_args
     from kit.build.probe import identity_differences
+    from kit.model.lock import requirements_of
 
     stack = Catalog.load(MANIFESTS).stack("vime-g10")
     assert stack.packages_for("cuda")["torch"] == "2.9.1"
     assert stack.packages_for("rocm")["torch"] == "2.9.1+rocm6.3"
-    assert "torch==2.9.1+rocm6.3" in build_args(stack.document, "rocm")["PACKAGES"]
-    assert "torch==2.9.1 " in build_args(stack.document, "cuda")["PACKAGES"] + " "
+    assert "torch==2.9.1+rocm6.3" in requirements_of(stack.document, "rocm")
+    assert "torch==2.9.1" in requirements_of(stack.document, "cuda")
     observed = {"python": {"version": "3.11.15"}, "sources": [],
                 "packages": {"torch": "2.9.1+rocm6.3", "vllm": "0.16.0", "ray": "2.57.0", "transformer-engine": "2.18.0"}}
     rocm = [d[0] for d in identity_differences(observed | {"torch": {"hip": "6.3"}}, stack.document)]
