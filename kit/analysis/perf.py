@@ -338,16 +338,16 @@ def _compare(ref, other, chosen, stats, pairing, resampler, verdict) -> dict:
         common = len(set(ref_steps) & set(other_steps))
         paired, why = False, (f"the arms' steps in this subset differ ({len(ref_steps)} and {len(other_steps)} "
                               f"steps, {common} in common)")
-    metrics = {}
+    metrics, jobs, gaps_of = {}, [], {}
     for col in COMPARED:
-        a_mean, b_mean = stats[ref][col]["mean"], stats[other][col]["mean"]
-        if a_mean is None or b_mean is None:
+        if stats[ref][col]["mean"] is None or stats[other][col]["mean"] is None:
             continue
-        a_vals, b_vals = [r[col] for r in ref_rows], [r[col] for r in other_rows]
-        gaps = sorted(set(incomplete_steps(ref_rows, col)) | set(incomplete_steps(other_rows, col)))
+        gaps_of[col] = sorted(set(incomplete_steps(ref_rows, col)) | set(incomplete_steps(other_rows, col)))
         # A step without a value on one side cannot be paired; pairing the rest would put a CI on a
         # different number than the difference of means printed beside it, so this metric goes unpaired.
-        boot = resampler.paired(a_vals, b_vals) if paired and not gaps else resampler.unpaired(a_vals, b_vals)
+        jobs.append(([r[col] for r in ref_rows], [r[col] for r in other_rows], paired and not gaps_of[col]))
+    for (col, gaps), boot in zip(gaps_of.items(), resampler.many(jobs)):    # all metrics resampled at once
+        a_mean, b_mean = stats[ref][col]["mean"], stats[other][col]["mean"]
         metrics[col] = {"reference_mean": a_mean, "other_mean": b_mean, "difference": b_mean - a_mean,
                         "reference_over_other": _div(a_mean, b_mean), "bootstrap": boot,
                         "n_reference": stats[ref][col]["n"], "n_other": stats[other][col]["n"],

@@ -77,15 +77,40 @@ def _series(rows, arm, col):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def perf_figures(report, out_dir: Path) -> list[str]:
-    plt = _pyplot()
+def perf_view(report) -> dict:
+    """What the perf figures read, as plain data that a drawing process can receive."""
+    return {"subtitle": report.comparability.headline(), "rows": report.rows, "arms": report.arm_names,
+            "summary": report.summary}
 
-    subtitle = report.comparability.headline()
-    rows, arms = report.rows, report.arm_names
-    block = report.summary["subsets"]["all"]["arms"]
-    written = []
 
-    # decomposition stack: mean seconds per stage, one bar per arm
+PERF_DRAWINGS = ("performance-decomposition", "length-controlled-scaling", "stage-time-series",
+                 "token-normalized-throughput")
+
+
+def perf_figure_tasks(report, out_dir: Path) -> list:
+    """One ``(function, args)`` per perf figure, the costliest first so that two workers end together."""
+    view = perf_view(report)
+    return [(fn, (view, out_dir)) for fn in (stage_time_series, length_controlled_scaling,
+                                             token_normalized_throughput, performance_decomposition)]
+
+
+def perf_figures(report, out_dir: Path, pool=None) -> list[str]:
+    """The four perf figures (PNG + PDF each), drawn by ``pool`` (kit.analysis.figure_pool) or here."""
+    drawn = [n for names in (pool.map if pool else _here)(perf_figure_tasks(report, out_dir)) for n in names]
+    return sorted(drawn, key=lambda n: (PERF_DRAWINGS.index(n.rsplit(".", 1)[0]), n.endswith(".pdf")))
+
+
+def _here(tasks) -> list:
+    return [fn(*args) for fn, args in tasks]
+
+
+def _unpack(view):
+    return _pyplot(), view["subtitle"], view["rows"], view["arms"], view["summary"]["subsets"]["all"]["arms"]
+
+
+def performance_decomposition(view, out_dir: Path) -> list[str]:
+    """Mean seconds per stage, stacked, one bar per arm; the step-time % effect and CI in the title."""
+    plt, subtitle, rows, arms, block = _unpack(view)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     bottoms = [0.0] * len(arms)
     for sid, label, col, _ in STAGES:
@@ -107,25 +132,33 @@ def perf_figures(report, out_dir: Path) -> list[str]:
             ax.annotate(f"step {st:.2f} s", (i, bottoms[i]), ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("mean seconds per step")
     effects = []
-    for comp in report.summary["subsets"]["all"]["comparisons"]:
+    for comp in view["summary"]["subsets"]["all"]["comparisons"]:
         pct = ((comp["metrics"].get("step_time_s") or {}).get("bootstrap") or {}).get("percent")
         if pct:
             effects.append(f"{comp['other']} vs {comp['reference']}: {pct['estimate']:+.1f} % "
                            f"[{pct['ci95_low']:+.1f}, {pct['ci95_high']:+.1f}]")
     ax.set_title("Step time decomposition" + (f"\nstep time {'; '.join(effects)} (95 % CI)" if effects else ""), fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    written += _save(fig, out_dir, "performance-decomposition", subtitle, {"right": 0.7, "top": 0.88})
+    return _save(fig, out_dir, "performance-decomposition", subtitle, {"right": 0.7, "top": 0.88})
 
-    # length-controlled scaling: time vs tokens, OLS lines with a common slope and arm shifts
+
+def _actor_known(rows) -> bool:
+    return any(r["actor_train_time_s"] is not None and r["total_tokens_total"] is not None for r in rows)
+
+
+def length_controlled_scaling(view, out_dir: Path) -> list[str]:
+    """Time against tokens per step with the OLS lines (shared slope, or one line per arm) and the gap's CI."""
+    plt, subtitle, rows, arms, _ = _unpack(view)
+    summary = view["summary"]
     panels = [("rollout_time_s", "response_tokens_total", "response_ktokens", "rollout time (s)")]
-    actor_known = any(r["actor_train_time_s"] is not None and r["total_tokens_total"] is not None for r in rows)
+    actor_known = _actor_known(rows)
     panels.append(("actor_train_time_s", "total_tokens_total", "total_ktokens", "actor train time (s)") if actor_known
                   else ("step_time_s", "response_tokens_total", "response_ktokens", "step time (s)"))
-    per_arm = report.summary["length_control"]["leading"] == "per-arm"
-    fits = {(f["response"], f["coefficients"][1]["name"]): f for f in report.summary["regressions"]}
+    per_arm = summary["length_control"]["leading"] == "per-arm"
+    fits = {(f["response"], f["coefficients"][1]["name"]): f for f in summary["regressions"]}
     if per_arm:
         fits = {(f["response"], f["coefficients"][1]["name"][:-len("_centred")]): f
-                for f in report.summary["length_control"]["per_arm"]}
+                for f in summary["length_control"]["per_arm"]}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, (ycol, xcol, xname, ylabel) in zip(axes, panels):
         fit = fits.get((ycol, xname))
@@ -152,9 +185,13 @@ def perf_figures(report, out_dir: Path) -> list[str]:
                    else "OLS, common slope; gap at equal tokens")
             ax.set_title(f"{how}\n{gaps}", fontsize=8)
         ax.legend(fontsize=7)
-    written += _save(fig, out_dir, "length-controlled-scaling", subtitle, {"top": 0.86})
+    return _save(fig, out_dir, "length-controlled-scaling", subtitle, {"top": 0.86})
 
-    # stage time series with a trailing moving average
+
+def stage_time_series(view, out_dir: Path) -> list[str]:
+    """Raw stage times per step with a trailing moving average, one panel per stage."""
+    plt, subtitle, rows, arms, _ = _unpack(view)
+    actor_known = _actor_known(rows)
     cols = [("rollout_time_s", "rollout generation (s)"),
             ("actor_train_time_s" if actor_known else "train_time_s",
              "actor training (s)" if actor_known else "training (s)"),
@@ -171,9 +208,12 @@ def perf_figures(report, out_dir: Path) -> list[str]:
         ax.legend(fontsize=7)
     axes[-1].set_xlabel("step")
     axes[0].set_title("Stage times per step")
-    written += _save(fig, out_dir, "stage-time-series", subtitle)
+    return _save(fig, out_dir, "stage-time-series", subtitle)
 
-    # token-normalized throughput: mean per-step rates, with ratios to the reference arm
+
+def token_normalized_throughput(view, out_dir: Path) -> list[str]:
+    """Mean rollout tokens/GPU/s and actor tokens/s per arm, with the ratios to the reference arm."""
+    plt, subtitle, rows, arms, block = _unpack(view)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for ax, (col, label) in zip(axes, (("rollout_tok_per_gpu_s", "rollout tokens / GPU / s"),
                                        ("actor_train_tok_s", "actor train tokens / s"))):
@@ -186,8 +226,7 @@ def perf_figures(report, out_dir: Path) -> list[str]:
                 ax.annotate(text, (i, m), ha="center", va="bottom", fontsize=8)
         ax.set_ylabel(label)
         ax.set_title(label)
-    written += _save(fig, out_dir, "token-normalized-throughput", subtitle)
-    return written
+    return _save(fig, out_dir, "token-normalized-throughput", subtitle)
 
 
 def _group_series(rounds, group, col):
@@ -200,56 +239,57 @@ def _group_series(rounds, group, col):
     return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
 
 
-def convergence_figures(report, out_dir: Path) -> list[str]:
-    plt = _pyplot()
-
-    subtitle = report.summary["comparison"]["headline"]
-    rounds = report.rounds
-    groups = list(dict.fromkeys(r["group"] for r in rounds))
-    written = []
-
-    def grid(stem, title, panels, shape, ma=()):
-        fig, axes = plt.subplots(*shape, figsize=(5 * shape[1], 3.6 * shape[0]), squeeze=False)
-        for ax, (col, label, scale) in zip(axes.flat, panels):
-            for g in groups:
-                xs, ys = (_group_series(rounds, g, col) if not callable(col) else col(g))
-                if not xs:
-                    continue
-                if col in ma:
-                    line = ax.plot(xs, ys, lw=0.6, alpha=0.35)[0]
-                    ax.plot(xs, moving_average(ys), lw=1.5, color=line.get_color(), label=f"{g} ({MOVING_AVERAGE}-step mean)")
-                else:
-                    ax.plot(xs, ys, lw=1.0, label=g)
-            if scale == "symlog":
-                ax.set_yscale("symlog", linthresh=1e-9)
-            elif scale == "symlog-count":
-                ax.set_yscale("symlog", linthresh=1.0)
-            ax.set_title(label, fontsize=9)
-            ax.set_xlabel("step")
-            ax.legend(fontsize=7)
-        fig.suptitle(title)
-        return _save(fig, out_dir, stem, subtitle)
-
-    written += grid("consistency", "Train/rollout log-prob consistency", [
+CONVERGENCE_GRIDS = (
+    ("consistency", "Train/rollout log-prob consistency", (
         ("mean_abs_dlogp", "mean |train logp − rollout logp|", "symlog"),
         ("max_abs_dlogp", "max |train logp − rollout logp|", "symlog"),
-        (lambda g: _ratio_series(rounds, g), "mismatch rate (mismatch / active tokens)", "linear"),
-        ("mismatch_count", "bitwise mismatches per step", "symlog-count"),
-    ], (2, 2))
-    written += grid("learning", "Learning", [
+        ("mismatch_rate", "mismatch rate (mismatch / active tokens)", "linear"),
+        ("mismatch_count", "bitwise mismatches per step", "symlog-count")), ()),
+    ("learning", "Learning", (
         ("raw_reward", "raw reward", "linear"), ("reward", "normalized reward", "linear"),
         ("response_length", "mean response length (tokens)", "linear"),
-        ("truncated_ratio", "truncated ratio", "linear"),
-    ], (2, 2), ma=("raw_reward", "response_length"))
-    written += grid("optimization", "Optimization", [
+        ("truncated_ratio", "truncated ratio", "linear")), ("raw_reward", "response_length")),
+    ("optimization", "Optimization", (
         ("train_loss", "loss", "symlog"), ("grad_norm", "grad norm", "symlog"),
-        ("ppo_kl", "PPO KL", "symlog"), ("pg_clipfrac", "clip fraction", "linear"),
-    ], (2, 2))
-    written += grid("performance", "Performance", [
+        ("ppo_kl", "PPO KL", "symlog"), ("pg_clipfrac", "clip fraction", "linear")), ()),
+    ("performance", "Performance", (
         ("step_time", "step time (s)", "linear"), ("rollout_time", "rollout time (s)", "linear"),
-        ("train_time", "train time (s)", "linear"), ("actor_tokens_per_second", "actor tokens / s", "linear"),
-    ], (2, 2), ma=("step_time", "rollout_time", "train_time", "actor_tokens_per_second"))
-    return written
+        ("train_time", "train time (s)", "linear"), ("actor_tokens_per_second", "actor tokens / s", "linear")),
+     ("step_time", "rollout_time", "train_time", "actor_tokens_per_second")),
+)
+
+
+def convergence_figures(report, out_dir: Path, pool=None) -> list[str]:
+    """The four 2×2 convergence figures (PNG + PDF each), drawn by ``pool`` or here."""
+    view = {"subtitle": report.summary["comparison"]["headline"], "rounds": report.rounds}
+    drawn = (pool.map if pool else _here)([(convergence_grid, (view, out_dir, *grid)) for grid in CONVERGENCE_GRIDS])
+    return [name for names in drawn for name in names]
+
+
+def convergence_grid(view, out_dir: Path, stem: str, title: str, panels, ma=()) -> list[str]:
+    """One 2×2 figure: a panel per column of rounds.csv, a line per group (its runs averaged per step)."""
+    plt, rounds = _pyplot(), view["rounds"]
+    groups = list(dict.fromkeys(r["group"] for r in rounds))
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.2), squeeze=False)
+    for ax, (col, label, scale) in zip(axes.flat, panels):
+        for g in groups:
+            xs, ys = _ratio_series(rounds, g) if col == "mismatch_rate" else _group_series(rounds, g, col)
+            if not xs:
+                continue
+            if col in ma:
+                line = ax.plot(xs, ys, lw=0.6, alpha=0.35)[0]
+                ax.plot(xs, moving_average(ys), lw=1.5, color=line.get_color(), label=f"{g} ({MOVING_AVERAGE}-step mean)")
+            else:
+                ax.plot(xs, ys, lw=1.0, label=g)
+        if scale == "symlog":
+            ax.set_yscale("symlog", linthresh=1e-9)
+        elif scale == "symlog-count":
+            ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    return _save(fig, out_dir, stem, view["subtitle"])
 
 
 def _ratio_series(rounds, group):

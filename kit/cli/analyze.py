@@ -5,14 +5,17 @@ Parsing and printing only; the analysis lives in kit.analysis.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 import click
 from kit.analysis.table import load_arms
+from kit.analysis.stats import single_threaded_blas
 from kit.analysis.output import publish, refuse_existing, write_csv, write_json
 from kit.analysis.perf import COLUMNS, SCHEMA, SUMMARY_CSV_COLUMNS, analyze_perf
-from kit.analysis.plots import convergence_figures, perf_figures
+from kit.analysis.plots import convergence_figures, perf_figure_tasks
+from kit.analysis.figure_pool import FigurePool
 from kit.analysis.convergence import ROUNDS_COLUMNS, RUNS_COLUMNS, SUMMARY_FIELDS, analyze_convergence
 from kit.analysis.monitors import FIGURE as MONITORS_FIGURE, has_monitors, monitor_figure, read_monitors
 from kit.run.replicates import group_runs
@@ -79,6 +82,7 @@ def command():
       kit analyze perf G10.log G11.log --out report/perf --steady-from 1 --json
       kit analyze convergence runs/g10-s1234 runs/g11-s1234 --out report/convergence
     """
+    single_threaded_blas()      # before numpy is imported (kit.analysis.stats)
 
 
 _common = [
@@ -139,33 +143,13 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
       kit analyze perf runs/g10 runs/g11 --out report/perf --unpaired
       kit analyze perf G10.log G11.log --out r --bootstrap published --strict
     """
-
-
     monitored = figures and any(has_monitors(Path(r)) for r in runs)
     files = PERF_FILES + (NOTES_FILE,) + _figure_files(PERF_FIGURES + ((MONITORS_FIGURE,) if monitored else ()), figures)
     refuse_existing(out_dir, files)
-    arms = _load(runs, names, global_batch_size)
-    pairing = "auto" if paired is None else ("paired" if paired else "unpaired")
-    report = analyze_perf(arms, steady_from=steady_from, pairing=pairing, draws=draws, seed=seed, scheme=scheme,
-                          length_lines=length_lines, gpus=gpus, accept_gate_sets=accept_gate_sets)
-    warnings = report.summary["alignment"]["warnings"]
-
-    def produce(tmp: Path) -> list[str]:
-        written = [write_csv(tmp / "step-metrics.csv", COLUMNS, report.rows),
-                   write_csv(tmp / "summary.csv", SUMMARY_CSV_COLUMNS, report.summary_rows),
-                   write_json(tmp / "summary.json", report.summary, SCHEMA)]
-        notes = _notes(arms, report.summary["comparison"]["headline"])
-        notes += [f"uneven data: {w}" for w in warnings] if notes else (
-            [report.summary["comparison"]["headline"], ""] + [f"uneven data: {w}" for w in warnings] if warnings else [])
-        written += _write_notes(tmp, notes)
-        if figures:
-
-            written += perf_figures(report, tmp)
-        if monitored:   # GPU and host monitors of the run dirs, beside their step times
-            written += _monitor_figure(runs, arms, report, tmp)
-        return written
-
-    paths = publish(out_dir, produce)
+    with FigurePool() if figures else contextlib.nullcontext() as pool:     # drawing processes warm up during the statistics
+        report, warnings, paths = _perf_outputs(runs, names, global_batch_size, paired, steady_from, draws, seed,
+                                                scheme, length_lines, gpus, accept_gate_sets, out_dir, figures,
+                                                monitored, pool)
     for w in warnings:
         click.echo(f"kit: warning: uneven data: {w}", err=True)
     if as_json:
@@ -177,6 +161,32 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
         click.echo(f"kit: --strict: the arms are not aligned ({len(warnings)} problem(s), listed above and in "
                    f"{out_dir / 'summary.json'} alignment.warnings)", err=True)
         raise SystemExit(1)
+
+
+def _perf_outputs(runs, names, global_batch_size, paired, steady_from, draws, seed, scheme, length_lines, gpus,
+                  accept_gate_sets, out_dir, figures, monitored, pool):
+    """Read, analyse and publish; returns (report, alignment warnings, the paths written)."""
+    arms = _load(runs, names, global_batch_size)
+    pairing = "auto" if paired is None else ("paired" if paired else "unpaired")
+    report = analyze_perf(arms, steady_from=steady_from, pairing=pairing, draws=draws, seed=seed, scheme=scheme,
+                          length_lines=length_lines, gpus=gpus, accept_gate_sets=accept_gate_sets)
+    warnings = report.summary["alignment"]["warnings"]
+
+    def produce(tmp: Path) -> list[str]:
+        drawn = pool.start(perf_figure_tasks(report, tmp)) if figures else list     # drawn while the tables are written
+        written = [write_csv(tmp / "step-metrics.csv", COLUMNS, report.rows),
+                   write_csv(tmp / "summary.csv", SUMMARY_CSV_COLUMNS, report.summary_rows),
+                   write_json(tmp / "summary.json", report.summary, SCHEMA)]
+        notes = _notes(arms, report.summary["comparison"]["headline"])
+        notes += [f"uneven data: {w}" for w in warnings] if notes else (
+            [report.summary["comparison"]["headline"], ""] + [f"uneven data: {w}" for w in warnings] if warnings else [])
+        written += _write_notes(tmp, notes)
+        written += [name for names in drawn() for name in names]
+        if monitored:   # GPU and host monitors of the run dirs, beside their step times
+            written += _monitor_figure(runs, arms, report, tmp)
+        return written
+
+    return report, warnings, publish(out_dir, produce)
 
 
 def _monitor_figure(runs, arms, report, tmp: Path) -> list[str]:
@@ -276,8 +286,8 @@ def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase
                    write_json(tmp / "summary.json", report.summary, "rlk-kit/analysis-convergence/v1")]
         written += _write_notes(tmp, _notes(arms, comparison["headline"]))
         if figures:
-
-            written += convergence_figures(report, tmp)
+            with FigurePool() as pool:
+                written += convergence_figures(report, tmp, pool)
         return written
 
     paths = publish(out_dir, produce)

@@ -1,0 +1,54 @@
+"""Figures drawn by worker processes are the files drawn in-process; the exact mean equals statistics.mean."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from fixtures_vime_logs import write_published_logs
+from kit.analysis.figure_pool import FigurePool, idle_cores
+from kit.analysis.perf import analyze_perf
+from kit.analysis.plots import PERF_DRAWINGS, perf_figures
+from kit.analysis.stats import exact_mean
+from kit.analysis.table import load_arms
+
+
+def test_two_workers_draw_the_same_bytes_as_this_process(tmp_path):
+    logs = write_published_logs(tmp_path / "logs")
+    report = analyze_perf(load_arms([logs["G10"], logs["G11"]]), draws=200)
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir(), there.mkdir()
+    serial = perf_figures(report, here)
+    with FigurePool(workers=2) as pool:
+        assert pool._executor is not None       # fork is available on Linux: the workers really draw
+        parallel = perf_figures(report, there, pool)
+    assert serial == parallel == [f"{s}.{e}" for s in PERF_DRAWINGS for e in ("png", "pdf")]
+    for name in serial:
+        assert (here / name).read_bytes() == (there / name).read_bytes(), name
+
+
+def test_a_failing_figure_is_an_error_not_a_hang(tmp_path):
+    with FigurePool(workers=1) as pool, pytest.raises(ZeroDivisionError):
+        pool.map([(divmod, (1, 0))])
+
+
+def test_worker_count(monkeypatch):
+    monkeypatch.setenv("KIT_FIGURE_WORKERS", "0")
+    with FigurePool() as pool:
+        assert pool._executor is None
+        assert pool.map([(divmod, (7, 2))]) == [(3, 1)]      # drawn here
+    assert 0 <= idle_cores() <= 2 or idle_cores() <= (__import__("os").cpu_count() or 1)
+
+
+def test_exact_mean_is_statistics_mean():
+    rng = random.Random(20)
+    for trial in range(3000):
+        n = rng.randint(1, 250)
+        values = [rng.choice([rng.uniform(-1e3, 1e3), rng.lognormvariate(0, 20), 1e-300 * rng.random(), 7])
+                  for _ in range(n)]
+        assert exact_mean(values) == float(statistics.mean(values)), values
+    assert exact_mean([1.0, float("inf")]) == float("inf")
+    with pytest.raises(statistics.StatisticsError):
+        exact_mean([])
