@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from kit.cli._output import emit_json
-from kit.model.errors import BadInput
+from kit.model.errors import BadInput, CheckFailed
 from kit.inputs import checkpoint
 from kit.inputs import prepare as prep
 from kit.cli.run import workspace_from
@@ -30,7 +30,9 @@ from kit.inputs.files import hash_tree, tree_sha256
 @click.option("--convert-checkpoint", is_flag=True,
               help="Convert --model to torch_dist inside --arm's image with that stack's Megatron "
                    "(needs a Docker engine: dockerd running or DOCKER_HOST set).")
-@click.option("--arm", "arm_name", metavar="A", help="Arm whose image runs the conversion.")
+@click.option("--arm", "arm_name", metavar="A",
+              help="Arm whose input pins (inputs: dataset_sha256, prompt_data_sha256, model_tree_sha256) the "
+                   "prepared inputs must meet, and whose image runs --convert-checkpoint.")
 @click.option("--platform", type=click.Choice(["cuda", "rocm"]), default="cuda", show_default=True,
               help="Image platform for --convert-checkpoint.")
 @click.option("--json", "as_json", is_flag=True,
@@ -68,13 +70,12 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
       kit prepare --workspace /data/ws
       kit prepare --workspace /data/ws --dataset-source ./train-00000-of-00001.parquet
       kit prepare --workspace /data/ws --no-dataset --model /models/Qwen3-8B --convert-checkpoint --arm G10
+      kit prepare --workspace /data/ws --arm G11        # refused (exit 1) unless the data meet G11's pins
     """
 
     workspace = workspace_from(workspace)
     if convert_checkpoint and not (model_dir and arm_name):
         raise BadInput("--convert-checkpoint: needs --model PATH (the Hugging Face checkpoint) and --arm A")
-    if arm_name and not convert_checkpoint:
-        raise BadInput("--arm: only used with --convert-checkpoint")
     if no_dataset and model_dir is None:
         raise BadInput("--no-dataset: nothing left to prepare; add --model PATH, or drop --no-dataset")
     if no_dataset and (dataset_source or accept_new_hash):
@@ -83,19 +84,23 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
     # Every input is checked before anything is written (hashing the model only fills the hash cache).
     source = dataset_source or prep.PUBLISHED_URL
     arm = image = None
-    if convert_checkpoint:
-
+    if arm_name:
         arm = load_arm(arm_name)  # unknown arm: BadInput naming --arm
+    pins = (arm.document.get("inputs") or {}) if arm else {}
+    if convert_checkpoint:
         checkpoint.check_conversion_request(arm.name, arm.document, arm.stack_document, platform)
     if model_dir is not None:
         prep.check_model_dir(model_dir)
     if not no_dataset:
         prep.check_dataset_source(source)
     progress = None if as_json else sys.stderr
-    if convert_checkpoint:
-
+    if model_dir is not None and (convert_checkpoint or "model_tree_sha256" in pins):
         ws = prep.Workspace(workspace)
         model_tree = tree_sha256(hash_tree(model_dir, ws.hash_cache, progress=progress))
+        if model_tree != pins.get("model_tree_sha256", model_tree):
+            raise CheckFailed(f"--model {model_dir}: tree sha256 {model_tree} is not the {pins['model_tree_sha256']} "
+                              f"arm {arm.name} pins (inputs.model_tree_sha256); nothing was written")
+    if convert_checkpoint:
         converted = ws.checkpoint_dir(arm.stack_sha256, model_tree)
         if not (converted.exists() and ws.checkpoint_provenance(converted).exists()):
             image = checkpoint.find_conversion_image(arm.name, arm.document, arm.stack_document, arm.stack_sha256,
@@ -105,7 +110,7 @@ def command(workspace, dataset_source, no_dataset, accept_new_hash, model_dir, c
     done = []
     if not no_dataset:
         done.append(prep.prepare_dataset(workspace, source=source, accept_new_hash=accept_new_hash,
-                                         progress=progress))
+                                         progress=progress, pins=pins))
     if model_dir is not None:
         model = prep.prepare_model(workspace, model_dir, progress=progress)
         done.append(model)

@@ -125,20 +125,33 @@ def prepare_dataset(
     accept_new_hash: bool = False,
     progress: TextIO | None = None,
     expectations: dict[str, str] | None = None,
+    pins: dict[str, str] | None = None,
 ) -> Prepared:
     """Convert ``source`` (URL or path) into ``<ws>/data/dapo-math-17k.jsonl`` with provenance.
 
     Raises CheckFailed when a published source converts to another hash (the output is kept only as
-    ``*.rejected-<sha12>``) unless ``accept_new_hash``; BadInput for unusable sources.
+    ``*.rejected-<sha12>``) unless ``accept_new_hash``; BadInput for unusable sources. ``pins`` (an arm's
+    ``inputs``) are stricter: a parquet other than ``dataset_sha256`` is refused before anything is
+    written, data other than ``prompt_data_sha256`` are kept only as rejected, whatever ``accept_new_hash``.
     """
+    pins = pins or {}
     ws = Workspace(Path(workspace))
     cache = HashCache(ws.hash_cache)
     try:
         existing = _existing_dataset(ws, source, cache)
         if existing is not None:
+            _check_pins(pins, existing.document["source"], existing.document["source_sha256"],
+                        existing.document["output_sha256"], f"{ws.data} (prepared earlier)")
             return existing
         location, source_file, checksum_source = _fetch_source(ws, source, progress, cache)
         source_sha256 = hash_file_cached(source_file, cache)
+        _check_pins(pins, location, source_sha256, None, str(source_file))   # before anything is written
+        if "prompt_data_sha256" in pins:   # the arm's pin is the expectation, with no --accept-new-hash way out
+            expectations, accept_new_hash = {location: pins["prompt_data_sha256"]}, False
+            whose, way_out = "the arm's pin (inputs.prompt_data_sha256)", ""
+        else:
+            whose = "the published DAPO-Math-17k conversion"
+            way_out = "; pass --accept-new-hash to use it anyway (recorded in the provenance)"
 
         ws.data.parent.mkdir(parents=True, exist_ok=True)
         tmp = ws.data.with_name(f".{ws.data.name}.tmp-{os.getpid()}")
@@ -155,9 +168,8 @@ def prepare_dataset(
                     rejected = ws.data.with_name(f"{ws.data.name}.rejected-{_short(output_sha256)}")
                     os.replace(tmp, rejected)
                     raise CheckFailed(
-                        f"--dataset-source {location}: converted data have sha256 {output_sha256}, not the "
-                        f"published DAPO-Math-17k conversion {expected}; kept for inspection as {rejected}; "
-                        "pass --accept-new-hash to use it anyway (recorded in the provenance)")
+                        f"--dataset-source {location}: converted data have sha256 {output_sha256}, not "
+                        f"{whose} {expected}; kept for inspection as {rejected}{way_out}")
                 accepted = True
             try:
                 os.link(tmp, ws.data)  # exclusive: never replaces data someone else just wrote
@@ -194,6 +206,16 @@ def prepare_dataset(
         return Prepared("dataset", ws.data, ws.data_provenance, doc, reused=False)
     finally:
         cache.save()
+
+
+def _check_pins(pins: dict[str, str], location: str, source_sha256: str, output_sha256: str | None, what: str) -> None:
+    """CheckFailed naming the file, the arm's pin and what was found, for the first pin not met."""
+    found = {"dataset_sha256": (source_sha256, f"the parquet {location}"),
+             "prompt_data_sha256": (output_sha256, "its converted prompt data")}
+    for field, (actual, which) in found.items():
+        if field in pins and actual is not None and actual != pins[field]:
+            raise CheckFailed(f"{what}: {which} has sha256 {actual}, not the {pins[field]} the arm pins "
+                              f"(inputs.{field}); prepare the data from the source the arm pins")
 
 
 def _existing_dataset(ws: Workspace, source: str, cache: HashCache) -> Prepared | None:

@@ -225,5 +225,5 @@ def _kind(doc: dict):
     """The document kind a catalog files it under: arm/v2 only widens arm/v1 (the gpu engine), so both are arms;
     stack/v2 widens stack/v1 (platform variants, locks), so both are stacks."""
     schema = doc.get("schema")
-    return {"rlk-kit/arm/v2": "rlk-kit/arm/v1", "rlk-kit/arm/v3": "rlk-kit/arm/v1",
+    return {"rlk-kit/arm/v2": "rlk-kit/arm/v1", "rlk-kit/arm/v3": "rlk-kit/arm/v1", "rlk-kit/arm/v4": "rlk-kit/arm/v1",
             "rlk-kit/stack/v2": "rlk-kit/stack/v1"}.get(schema, schema)

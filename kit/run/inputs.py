@@ -95,6 +95,15 @@ def check_pinned_inputs(request: RunRequest, files: dict[str, Path], progress: T
     if "model_tree_sha256" in pins:   # cached per file: the manifest's hashing later answers from it
         found["model_tree_sha256"] = (files["model"], tree_sha256(hash_tree(files["model"], cache_path,
                                                                              progress=progress)), "--model DIR")
+    if "dataset_sha256" in pins:   # the parquet is not read by the run: its hash is the data's provenance's
+        ws = Workspace(request.workspace)
+        if not _same_path(files["prompt_data"], ws.data) or not ws.data_provenance.is_file():
+            raise CheckFailed(f"{files['prompt_data']}: arm {request.arm.name} pins the parquet its prompt data come "
+                              f"from (inputs.dataset_sha256 {pins['dataset_sha256']}), and only the workspace's "
+                              f"{ws.data} has a provenance saying which; prepare it with kit prepare --arm "
+                              f"{request.arm.name}")
+        source = read_provenance(ws.data_provenance, "dataset")
+        found["dataset_sha256"] = (ws.data_provenance, source["source_sha256"], "the data kit prepare --arm makes")
     for field, (path, actual, flag) in found.items():
         if actual != pins[field]:
             raise CheckFailed(f"{path}: sha256 {actual} is not the {pins[field]} arm {request.arm.name} pins "

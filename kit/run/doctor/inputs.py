@@ -60,6 +60,11 @@ def check_prompt_data(ctx: Context) -> Check:
     if actual != doc["output_sha256"]:
         return Check(name, FAIL, f"{ws.data} has sha256 {actual}, its provenance says {doc['output_sha256']}: "
                      "changed after kit prepare", details)
+    source_pin = arm_input_pin(ctx.arm, "dataset_sha256")
+    if source_pin is not None and doc["source_sha256"] != source_pin:
+        return Check(name, FAIL, f"{ws.data.name} was converted from {doc['source']} of sha256 {doc['source_sha256']} "
+                     f"({ws.data_provenance.name}), not the parquet {source_pin} arm {ctx.arm.name} pins "
+                     "(inputs.dataset_sha256); prepare the data from the pinned parquet", details)
     pin = arm_input_pin(ctx.arm, "prompt_data_sha256")
     if pin is not None:   # the lock decides, whatever kit prepare accepted
         if actual == pin:
