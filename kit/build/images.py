@@ -12,6 +12,7 @@ build record, and checks existing images against a stack. Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -24,12 +25,16 @@ from pathlib import Path
 from kit.build.plan import (PLATFORMS, REVISION_LABEL, SOURCE_LABEL, BuildPlan,
                             context_tar, make_plan, source_problems)
 from kit.model.errors import BadInput, CheckFailed
-from kit.build.context import CollectedContext, collect_context, kit_checkout, stack_lock  # noqa: F401
+from kit.build.context import (CollectedContext, _manifests_dir, collect_context, kit_checkout,  # noqa: F401
+                               stack_lock)
 from kit.build.image_checks import (ImageCheck, ProbeCheck, build_time_probe, check_image,  # noqa: F401
                                     image_conformance_fingerprint, image_platform, image_stack_name,
                                     probe_differences, read_embedded_stack, read_image_file, verify_image_by_probe)
 from kit.build.layout import LABEL_PREFIX
 from kit.build.provenance import LABEL as PROVENANCE_LABEL
+from kit.build.cuda_debian import PLATFORM as CUDA_DEBIAN, collect_cuda_debian, sources_check
+from kit.build.wheel_server import bridge_gateway, serve_wheels
+from kit.build.wheelhouse import wheelhouse_dirs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
@@ -103,7 +108,8 @@ def stack_parts(stack) -> tuple[dict, str, str]:
 # --- plan and build ---------------------------------------------------------------------------
 
 def plan_build(stack, platform: str, *, workspace: Path, overrides: dict[str, Path] | None = None,
-               dry_run: bool = False, client=None, sources_dir: Path | None = None) -> BuildPlan:
+               dry_run: bool = False, client=None, sources_dir: Path | None = None,
+               wheel_dirs: list[Path] | None = None, progress=None) -> BuildPlan:
     """The full plan for ``stack`` on ``platform``; no engine needed when ``dry_run``."""
     from kit import __version__
 
@@ -117,7 +123,7 @@ def plan_build(stack, platform: str, *, workspace: Path, overrides: dict[str, Pa
         # Every source checked (commit and recomputed tree) before the base, a download or a layer.
         from kit.build.source_cache import source_cache_problems
 
-        missing = source_cache_problems(stack_doc, sources_dir)
+        missing = source_cache_problems(stack_doc, sources_dir, sources_check(workspace))
         if missing:
             raise CheckFailed(f"stack {name!r}: {len(missing)} source(s) not buildable from {sources_dir}:\n  "
                               + "\n  ".join(missing))
@@ -130,7 +136,13 @@ def plan_build(stack, platform: str, *, workspace: Path, overrides: dict[str, Pa
             base_id = local_id   # a tag: its local id enters the inputs and a label
     elif entry.get("unresolved"):
         base_id = _base_id_if_known(client, entry["base_image"])
-    collected = collect_context(stack_doc, platform, workspace=workspace, overrides=overrides, dry_run=dry_run)
+    served = None
+    if platform == CUDA_DEBIAN:   # wheels served to the build, sources from archives
+        collected, served = collect_cuda_debian(stack_doc, stack_lock(name, platform, _manifests_dir()), workspace=workspace,
+                                                sources_dir=sources_dir, wheel_dirs=wheelhouse_dirs(wheel_dirs or []),
+                                                dry_run=dry_run, progress=progress)
+    else:
+        collected = collect_context(stack_doc, platform, workspace=workspace, overrides=overrides, dry_run=dry_run)
     if dry_run and entry.get("unresolved") and base_id is None:
         collected.notes.append(f"the base {entry['base_image']} is a tag and no engine here holds it: its local id, "
                                "which a build adds to the inputs, is unknown, so this tag and inputs sha256 are "
@@ -138,7 +150,7 @@ def plan_build(stack, platform: str, *, workspace: Path, overrides: dict[str, Pa
     source_url, revision = kit_checkout()
     return make_plan(stack_doc, stack_sha, platform, collected.entries, kit_version=__version__,
                      commit_dates=collected.commit_dates, base_image_id=base_id, source_url=source_url,
-                     revision=revision, extra_problems=collected.problems, notes=collected.notes)
+                     revision=revision, extra_problems=collected.problems, notes=collected.notes, served=served)
 
 
 @dataclass
@@ -194,9 +206,54 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
     tar = context_tar(plan.context)
     t_context = time.monotonic() - started_here
     network = "none" if plan.platform == "cpu" else None   # the cpu build is hermetic
+    serving, served = contextlib.nullcontext(), {}
+    if plan.served:   # reached only through the bridge, only while this build runs
+        say = (lambda text: progress(0, 0, time.monotonic() - t0, text)) if progress else None
+        serving = serve_wheels({n: Path(p) for n, p in plan.served}, host=bridge_gateway(client), progress=say,
+                               served=served)
+    with serving as proxy:
+        # http_proxy: predefined by the engine, so (undeclared) outside every step's cache key.
+        extra = {"http_proxy": proxy} if proxy else {}
+        step, total, current, image_id, hits, log = _run_build(client, plan, tar, nocache, reproducible, network,
+                                                               extra, progress, t0)
+    if image_id is None:
+        if reproducible:
+            raise CheckFailed(f"the engine reported no image id for the build of {plan.tag}")
+        image_id = client.images.get(plan.tag).id
+    cached = bool(hits) and all(hits.values())
+    durations = {"context": round(t_context, 3)}
+    if plan_s is not None:
+        durations["plan"] = round(plan_s, 3)
+    context = {"files": len(plan.context), "bytes": len(tar), "sha256": hashlib.sha256(tar).hexdigest()}
+    extra: dict = {}
+    normalized = None
+    if reproducible:
+        # Lazy: kit.build.repro_build imports this module back for its second build.
+        from kit.build.repro_build import write_reproducible
+        t_engine = time.monotonic()
+        say = (lambda text: progress(0, total, time.monotonic() - t0, text)) if progress else None
+        normalized, extra = write_reproducible(client, plan, image_id, workspace=workspace, tag=load_tag or plan.tag,
+                                               arm=arm, keep=keep_layers, progress=say)
+        durations["reproducible"] = round(time.monotonic() - t_engine, 3)
+        image_id = normalized.image_id
+    record = _build_record(plan, client, image_id, started=started, t0=t0, durations=durations, cached=cached,
+                           steps=total, context=context, arm=arm, sources_from=sources_from)
+    record.update(extra)
+    if plan.served:
+        record["wheelhouse"] = {"files": len(plan.served), "served": served["count"], "served_bytes": served["bytes"]}
+    record_path = write_build_record(record, workspace) if write_record else None
+    return BuildResult(plan.tag, image_id, cached, total, record["durations_s"], record_path, record,
+                       normalized=normalized)
+
+
+
+def _run_build(client, plan: BuildPlan, tar: bytes, nocache: bool, reproducible: bool, network, extra_args: dict,
+               progress, t0: float):
+    """Send the context and follow the engine's stream: (step, total, current, image id, cache hits, log)."""
     stream = client.api.build(fileobj=io.BytesIO(tar), custom_context=True, dockerfile=plan.dockerfile,
-                              tag=None if reproducible else plan.tag, buildargs=plan.build_args, labels=plan.labels, rm=True, forcerm=True,
-                              nocache=nocache, pull=False, decode=True, network_mode=network)
+                              tag=None if reproducible else plan.tag, buildargs={**plan.build_args, **extra_args},
+                              labels=plan.labels, rm=True, forcerm=True, nocache=nocache, pull=False, decode=True,
+                              network_mode=network)
     step, total, current, image_id = 0, 0, "", None
     hits: dict[int, bool] = {}
     log: list[str] = []
@@ -222,33 +279,7 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
                     progress(step, total, time.monotonic() - t0, current)
             elif "Using cache" in line and step:
                 hits[step] = True
-    if image_id is None:
-        if reproducible:
-            raise CheckFailed(f"the engine reported no image id for the build of {plan.tag}")
-        image_id = client.images.get(plan.tag).id
-    cached = bool(hits) and all(hits.values())
-    durations = {"context": round(t_context, 3)}
-    if plan_s is not None:
-        durations["plan"] = round(plan_s, 3)
-    context = {"files": len(plan.context), "bytes": len(tar), "sha256": hashlib.sha256(tar).hexdigest()}
-    extra: dict = {}
-    normalized = None
-    if reproducible:
-        # Lazy: kit.build.repro_build imports this module back for its second build.
-        from kit.build.repro_build import write_reproducible
-        t_engine = time.monotonic()
-        say = (lambda text: progress(0, total, time.monotonic() - t0, text)) if progress else None
-        normalized, extra = write_reproducible(client, plan, image_id, workspace=workspace, tag=load_tag or plan.tag,
-                                               arm=arm, keep=keep_layers, progress=say)
-        durations["reproducible"] = round(time.monotonic() - t_engine, 3)
-        image_id = normalized.image_id
-    record = _build_record(plan, client, image_id, started=started, t0=t0, durations=durations, cached=cached,
-                           steps=total, context=context, arm=arm, sources_from=sources_from)
-    record.update(extra)
-    record_path = write_build_record(record, workspace) if write_record else None
-    return BuildResult(plan.tag, image_id, cached, total, record["durations_s"], record_path, record,
-                       normalized=normalized)
-
+    return step, total, current, image_id, hits, log
 
 def _image_of_inputs(client, plan: BuildPlan):
     """The image ``plan.tag`` names when its labels say it was built from exactly these inputs by
@@ -279,7 +310,7 @@ def _build_record(plan: BuildPlan, client, image_id: str, *, started: str, t0: f
     image = client.images.get(image_id)
     version = client.version()
     record = {
-        "schema": "rlk-kit/build-record/v2",
+        "schema": "rlk-kit/build-record/v3",
         "tag": plan.tag,
         "image_id": image_id,
         "platform": plan.platform,
@@ -312,7 +343,8 @@ def _failure_reason(log: list[str], error: str) -> str:
     """The most specific line: an install-source or probe message when the build printed one."""
     for text in reversed(log[-40:]):
         for line in reversed(text.splitlines()):
-            if line.startswith("install-source:") or line.startswith("kit:") or "the stack pins" in line:
+            if line.startswith(("install-source:", "install-archive:", "install-layer:", "kit:")) \
+                    or "the stack pins" in line:
                 return line.strip()
     return error.strip()
 

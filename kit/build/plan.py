@@ -30,8 +30,9 @@ from kit.model.errors import CheckFailed
 from kit.build.layout import LABEL_PREFIX
 from kit.model.stack import packages_for
 
-PLATFORMS = ("cuda", "rocm", "cpu")
-DOCKERFILES = {"cuda": "Dockerfile.cuda", "rocm": "Dockerfile.rocm", "cpu": "docker/Dockerfile.cpu"}
+PLATFORMS = ("cuda", "rocm", "cpu", "cuda-debian")
+DOCKERFILES = {"cuda": "Dockerfile.cuda", "rocm": "Dockerfile.rocm", "cpu": "docker/Dockerfile.cpu",
+               "cuda-debian": "docker/cuda-debian/Dockerfile"}
 # The static Dockerfiles take one set of build args per source name (no loops in a Dockerfile).
 BAKED_SOURCES = ("rl-kernel", "vime", "megatron-lm")
 # The CUDA/ROCm images install their lock only: kit/build/context.py renders it into lock/*.lock
@@ -83,11 +84,13 @@ class BuildPlan:
     base_image_id: str | None = None
     notes: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
+    # Files served to the build instead of sent in its context (cuda-debian's wheels): (name, path).
+    served: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict:
-        """The rlk-kit/build-plan/v1 document (``kit build --dry-run --json``)."""
+        """The rlk-kit/build-plan/v2 document (``kit build --dry-run --json``)."""
         return {
-            "schema": "rlk-kit/build-plan/v1",
+            "schema": "rlk-kit/build-plan/v2",
             "platform": self.platform,
             "stack": {"name": self.stack_name, "sha256": self.stack_sha256},
             "dockerfile": self.dockerfile,
@@ -134,7 +137,7 @@ def source_problems(stack_doc: dict, platform: str) -> list[str]:
                         f"it names: {', '.join(sorted(platforms)) or 'none'}")
     names = [s["name"] for s in stack_doc.get("sources", [])]
     unknown = [n for n in names if n not in BAKED_SOURCES]
-    if unknown:
+    if unknown and platform != "cuda-debian":   # cuda-debian bakes any source archive (sources.txt)
         problems.append(f"the Dockerfiles bake the sources {', '.join(BAKED_SOURCES)}; "
                         f"stack {stack_doc.get('name')!r} also names {', '.join(unknown)}")
     return problems
@@ -273,7 +276,8 @@ def image_tag(stack_name: str, platform: str, inputs: str) -> str:
 def make_plan(stack_doc: dict, stack_sha256: str, platform: str, context: list[ContextEntry], *,
               kit_version: str, commit_dates: dict[str, int] | None = None, base_image_id: str | None = None,
               source_url: str | None = None, revision: str | None = None,
-              extra_problems: list[str] | None = None, notes: list[str] | None = None) -> BuildPlan:
+              extra_problems: list[str] | None = None, notes: list[str] | None = None,
+              served: dict | None = None) -> BuildPlan:
     """Assemble the plan. ``context`` must already hold the Dockerfile, scripts, stack and sources."""
     problems = source_problems(stack_doc, platform) + list(extra_problems or [])
     if problems and (platform not in PLATFORMS or platform not in stack_doc.get("platforms", {})):
@@ -310,7 +314,8 @@ def make_plan(stack_doc: dict, stack_sha256: str, platform: str, context: list[C
                      dockerfile=dockerfile, build_args=args, labels=lab, context=ctx, inputs_sha256=inputs,
                      tag=image_tag(stack_doc["name"], platform, inputs), base_image=entry["base_image"],
                      base_unresolved=bool(entry.get("unresolved")), base_image_id=base_image_id,
-                     notes=tuple(all_notes), problems=tuple(problems))
+                     notes=tuple(all_notes), problems=tuple(problems),
+                     served=tuple(sorted((n, str(p)) for n, p in (served or {}).items())))
 
 
 def context_tar(entries: list[ContextEntry] | tuple[ContextEntry, ...], read=lambda path: open(path, "rb").read()) -> bytes:

@@ -38,6 +38,7 @@ from kit.build.layout import STACK_PATH
 from importlib import metadata
 
 BAKED_TREE_FILE = "rlk-baked-tree"   # written into .git/ by docker/bin/install-source
+ARCHIVE_COMMIT_FILE = "rlk-archive-commit"   # docker/cuda-debian/install-archive: the archive's pax commit id
 
 
 def observed_identity(stack: dict | None = None, *, source_roots: dict[str, Path | str] | None = None,
@@ -202,10 +203,15 @@ def _source_identity(name: str, root: Path) -> dict:
         entry["error"] = f"{root} does not exist"
         return entry
     try:
-        entry["head"] = _git(root, "rev-parse", "--verify", "HEAD^{commit}")
-        entry["commit_tree"] = _git(root, "rev-parse", "HEAD^{tree}")
         git_dir = Path(_git(root, "rev-parse", "--absolute-git-dir"))
-        entry["worktree_tree"] = _worktree_tree(root, git_dir)
+        archived = git_dir / ARCHIVE_COMMIT_FILE
+        if archived.is_file():   # unpacked from a `git archive` tarball: no commit object, its tree pinned
+            entry["head"] = archived.read_text().strip()
+            entry["worktree_tree"] = _worktree_tree(root, git_dir, from_head=False)
+        else:
+            entry["head"] = _git(root, "rev-parse", "--verify", "HEAD^{commit}")
+            entry["commit_tree"] = _git(root, "rev-parse", "HEAD^{tree}")
+            entry["worktree_tree"] = _worktree_tree(root, git_dir)
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         entry["error"] = str(exc)[:500]
         return entry
@@ -217,15 +223,17 @@ def _source_identity(name: str, root: Path) -> dict:
     return entry
 
 
-def _worktree_tree(root: Path, git_dir: Path) -> str:
-    """Tree id of the files as they are now (tracked + untracked-not-ignored), without writing to the repo."""
+def _worktree_tree(root: Path, git_dir: Path, from_head: bool = True) -> str:
+    """Tree id of the files as they are now (tracked + untracked-not-ignored; every file of an
+    unpacked archive, ``from_head=False``), without writing to the repo."""
     with tempfile.TemporaryDirectory(prefix="rlk-probe-") as tmp:
         objects = Path(tmp) / "objects"
         objects.mkdir()
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_OBJECT_DIRECTORY": str(objects),
                "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(git_dir / "objects")}
-        _git(root, "read-tree", "HEAD", env=env)
-        _git(root, "add", "-A", ".", env=env)
+        if from_head:
+            _git(root, "read-tree", "HEAD", env=env)
+        _git(root, "add", "-A", *([] if from_head else ["-f"]), ".", env=env)
         return _git(root, "write-tree", env=env)
 
 

@@ -83,8 +83,11 @@ def inspect_cached(name: str, path: Path) -> CachedSource:
     return CachedSource(name, path, archive_commit(path), archive_tree(path))
 
 
-def source_cache_problems(stack_doc: dict, cache: Path) -> list[str]:
-    """One line per source that is missing, or whose commit or tree differs from the pin."""
+def source_cache_problems(stack_doc: dict, cache: Path, inspect=inspect_cached) -> list[str]:
+    """One line per source that is missing, or whose commit or tree differs from the pin.
+
+    ``inspect(name, path)`` may remember what it found (kit.build.cuda_debian.ArchiveChecks).
+    """
     problems = []
     for src in stack_doc.get("sources", []):
         name, pin, tree_pin = src["name"], src["commit"], src.get("tree")
@@ -95,7 +98,7 @@ def source_cache_problems(stack_doc: dict, cache: Path) -> list[str]:
             problems.append(f"source {name}: no archive or checkout of {src['repository']} at {pin} in {cache} "
                             f"(looked for {name}/ and {name}-*.tar.gz); put one there or pass --source {name}=PATH")
             continue
-        found = inspect_cached(name, path)
+        found = inspect(name, path)
         wrong = []
         if found.commit != pin:
             wrong.append(f"holds commit {found.commit or 'unknown (no pax commit header)'}")

@@ -23,7 +23,7 @@ def default_workspace() -> Path:
 
 
 @click.command(name="build")
-@click.argument("platform", type=click.Choice(["cuda", "rocm", "cpu"]))
+@click.argument("platform", type=click.Choice(["cuda", "rocm", "cpu", "cuda-debian"]))
 @click.option("--arm", help="Build the stack this arm names (e.g. smoke, G10).")
 @click.option("--stack", "stack_name", help="Build this stack (e.g. vime-g11).")
 @click.option("--source", "sources", multiple=True, metavar="NAME=PATH",
@@ -31,6 +31,9 @@ def default_workspace() -> Path:
 @click.option("--sources", "sources_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Local source cache (git archive tarballs NAME-*.tar.gz or checkouts NAME/; default $KIT_SOURCES): "
                    "every source's commit and tree is checked there before anything is built.")
+@click.option("--wheelhouse", "wheel_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              help="cuda-debian: a directory of locked wheels (default $KIT_WHEELHOUSE, ':'-separated); each file is "
+                   "checked by sha256 and served to the build; missing ones are downloaded into the workspace.")
 @click.option("--no-cache", is_flag=True, help="Ignore the engine's build cache.")
 @click.option("--dry-run", is_flag=True,
               help="Print the plan (Dockerfile, build args, labels, context); no engine. Exit 1 if it lists problems.")
@@ -40,7 +43,7 @@ def default_workspace() -> Path:
 @click.option("--json", "as_json", is_flag=True, help="Machine output: the plan or the build record.")
 @click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Where sources, wheelhouses and build records go (default $KIT_WORKSPACE or ./.workspace).")
-def command(platform, arm, stack_name, sources, sources_dir, no_cache, dry_run, check_repro, as_json, workspace):
+def command(platform, arm, stack_name, sources, sources_dir, wheel_dirs, no_cache, dry_run, check_repro, as_json, workspace):
     """Build the image of a stack: sources at their pins, packages at exact versions, labels, probe.
 
     \b
@@ -51,6 +54,7 @@ def command(platform, arm, stack_name, sources, sources_dir, no_cache, dry_run, 
       kit build rocm --stack vime-g11 --dry-run
       kit build cpu --arm smoke --check-reproducible     # rebuild elsewhere, same image id or exit 1
       kit build cuda --arm G11 --sources /work/shared/sources   # sources checked before any layer
+      kit build cuda-debian --stack vime-base-debian --sources /work/shared/sources --wheelhouse /cache/wh
     """
 
     if bool(arm) == bool(stack_name):
@@ -65,8 +69,10 @@ def command(platform, arm, stack_name, sources, sources_dir, no_cache, dry_run, 
     sources_dir = sources_dir or (Path(os.environ["KIT_SOURCES"]) if os.environ.get("KIT_SOURCES") else None)
     if sources_dir is not None and not sources_dir.is_dir():
         raise BadInput(f"--sources {sources_dir}: no such directory")
+    progress = None if as_json else _progress_printer()
     plan = plan_build(stack, platform, workspace=workspace, overrides=overrides, dry_run=dry_run,
-                      sources_dir=sources_dir)
+                      sources_dir=sources_dir, wheel_dirs=list(wheel_dirs),
+                      progress=(lambda text: progress(0, 0, time.monotonic() - t0, text)) if progress else None)
     if dry_run:
         if as_json:
             click.echo(dumps_pretty(require_valid(plan.to_json(), "build plan", "build-plan")), nl=False)
@@ -76,11 +82,10 @@ def command(platform, arm, stack_name, sources, sources_dir, no_cache, dry_run, 
             raise CheckFailed(f"the plan for {plan.tag} lists {len(plan.problems)} problem(s); a build would fail: "
                               + "; ".join(plan.problems))
         return
-    progress = None if as_json else _progress_printer()
     result = build_image(plan, workspace=workspace, nocache=no_cache, progress=progress, arm=arm,
                          sources_from=_sources_from(stack, overrides, workspace), plan_s=time.monotonic() - t0)
     if check_repro:
-        _check_reproducible(result, stack, platform, overrides, workspace, progress)
+        _check_reproducible(result, stack, platform, overrides, workspace, progress, sources_dir, list(wheel_dirs))
     if as_json:
         click.echo(dumps_pretty(result.record), nl=False)
     else:
@@ -96,13 +101,15 @@ def command(platform, arm, stack_name, sources, sources_dir, no_cache, dry_run, 
         raise CheckFailed(_difference_text(result.tag, check))
 
 
-def _check_reproducible(result, stack, platform, overrides, workspace, progress) -> None:
+def _check_reproducible(result, stack, platform, overrides, workspace, progress, sources_dir=None,
+                        wheel_dirs=None) -> None:
     """Second build in a scratch workspace; its verdict goes into the build record (rewritten as a new record)."""
 
     if progress:
         sys.stderr.write("check-reproducible: second build in a scratch workspace (no cache, umask 0027, "
                          "TZ Pacific/Chatham)\n")
-    report = check_reproducible(lambda ws: plan_build(stack, platform, workspace=ws, overrides=overrides),
+    report = check_reproducible(lambda ws: plan_build(stack, platform, workspace=ws, overrides=overrides,
+                                                      sources_dir=sources_dir, wheel_dirs=wheel_dirs),
                                 result, workspace=workspace, client=_client(), progress=progress)
     result.record["reproducibility_check"] = report
     result.record_path = write_build_record(result.record, workspace)

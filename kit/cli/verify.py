@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from kit.build.images import check_image, engine, image_stack_name, verify_image_by_probe
+from kit.build.images import check_image, engine, image_platform, image_stack_name, verify_image_by_probe
+from kit.build.image_imports import NEEDS_GPU, import_targets, run_import_checks
 from kit.build.provenance_check import image_provenance_problems
 from kit.cli._output import emit_json
 from kit.cli.build import default_workspace
@@ -132,6 +133,13 @@ def _verify_image(image: str, arm_name: str | None, stack_name: str | None):
     verdict.problems = [(f"label {name}", f"expected {want!r}, found {got!r}") for name, want, got in labels.differences]
     verdict.problems += [(f"probe {name}", f"expected {want!r}, observed {got!r}") for name, want, got in probe.differences]
 
+    platform = image_platform(engine(), image)
+    imports = run_import_checks(engine(), image, import_targets(stack.document, platform))
+    verdict.problems += [(f"import {r['module']}", r["error"]) for r in imports if not r["ok"]]
+    verdict.notes.append("imported in the image: " + ", ".join(f"{r['module']} ({r['seconds']:.1f} s)"
+                                                                for r in imports if r["ok"]))
+    if platform.startswith("cuda"):
+        verdict.notes.append("not checked without a GPU: " + "; ".join(NEEDS_GPU))
     problems, notes = image_provenance_problems(engine(), image, default_workspace().resolve())
     verdict.problems += problems
     verdict.notes += notes

@@ -49,7 +49,7 @@ def _dry_run(platform: str, arm: str, tmp_path: Path) -> dict:
     # rocm: no lock can be made here (its torch index is unreachable), so the plan names that problem.
     assert proc.returncode == (1 if platform == "rocm" else 0), proc.stderr
     doc = json.loads(proc.stdout)
-    assert schema_problems(doc, "rlk-kit/build-plan/v1") == []
+    assert schema_problems(doc, "rlk-kit/build-plan/v2") == []
     return doc
 
 

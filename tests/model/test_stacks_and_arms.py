@@ -105,8 +105,8 @@ def test_module_matrix_is_generated_from_one_definition():
 @pytest.mark.parametrize("mutate, pointer, words", [
     (lambda d: d["sources"][0].update(commit="d2173e8"), "/sources/0/commit", "40-hex"),
     (lambda d: d["sources"][0].update(commit="main"), "/sources/0/commit", "40-hex"),
-    (lambda d: d["packages"].update({"transformer-engine": ">=2.18"}), "/packages/transformer-engine", "exact version"),
-    (lambda d: d["packages"].update({"transformer-engine": "2.18.*"}), "/packages/transformer-engine", "exact version"),
+    (lambda d: d.setdefault("packages", {}).update({"transformer-engine": ">=2.18"}), "/packages/transformer-engine", "exact version"),
+    (lambda d: d.setdefault("packages", {}).update({"transformer-engine": "2.18.*"}), "/packages/transformer-engine", "exact version"),
     (lambda d: d["sources"][0].update(repository="https://user:ghp_x@github.com/RL-Align/RL-Kernel.git"),
      "/sources/0/repository", "without user or token"),
     (lambda d: d["sources"][0].update(patches=[{"path": "../../etc/passwd", "sha256": "0" * 64}]),
@@ -125,7 +125,7 @@ def test_bad_stack_pins_fail_with_pointer(lock_dir, mutate, pointer, words):
 def test_exact_pep440_versions_of_any_length_are_accepted(lock_dir, version):
     # '==2.18' matches 2.18 (= 2.18.0) only, so two components are as exact as three
     path = lock_dir / "stack-vime-g11.json"
-    edit(path, lambda d: d["packages"].update({"transformer-engine": version}))
+    edit(path, lambda d: d.setdefault("packages", {}).update({"transformer-engine": version}))
     result = run("verify", str(path))
     assert result.exit_code == 0, result.output
 
