@@ -34,7 +34,7 @@ from kit.build.layout import LABEL_PREFIX
 from kit.build.provenance import LABEL as PROVENANCE_LABEL
 from kit.build.cuda_debian import PLATFORM as CUDA_DEBIAN, collect_cuda_debian, sources_check
 from kit.build.wheel_server import bridge_gateway, serve_wheels
-from kit.build.wheelhouse import wheelhouse_dirs
+from kit.build.wheelhouse import disk_shortfall, wheelhouse_dirs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
@@ -203,6 +203,13 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
             record["provenance"] = {"path": str(found) if found else "", "sha256": label}
         return BuildResult(plan.tag, existing.id, True, 0, record["durations_s"], write_build_record(record, workspace),
                            record, reused=True)
+    skipped = None
+    if reproducible and plan.served:
+        skipped = disk_shortfall(plan, workspace)
+        if skipped:   # the engine's image is tagged as built (still only once every step succeeded)
+            reproducible = False
+            if progress:
+                progress(0, 0, time.monotonic() - t0, skipped)
     tar = context_tar(plan.context)
     t_context = time.monotonic() - started_here
     network = "none" if plan.platform == "cpu" else None   # the cpu build is hermetic
@@ -239,6 +246,8 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
     record = _build_record(plan, client, image_id, started=started, t0=t0, durations=durations, cached=cached,
                            steps=total, context=context, arm=arm, sources_from=sources_from)
     record.update(extra)
+    if skipped:
+        record["reproducible_skipped"] = skipped
     if plan.served:
         record["wheelhouse"] = {"files": len(plan.served), "served": served["count"], "served_bytes": served["bytes"]}
     record_path = write_build_record(record, workspace) if write_record else None

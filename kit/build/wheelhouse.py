@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -129,7 +130,9 @@ def locate_wheels(lock: dict, dirs: list[Path], *, workspace: Path, download: bo
     no index has, such as a wheel compiled here, is named with the directories searched).
     """
     own = workspace / "wheelhouse" / lock_sha256(lock)[:16]
-    search = [*dirs, own]
+    # Earlier locks' downloads too: a file is taken by its name and checked by its hash either way.
+    earlier = sorted(p for p in (workspace / "wheelhouse").glob("*") if p.is_dir() and p != own)
+    search = [*dirs, own, *earlier]
     cache = StatCache(workspace / "cache" / "wheel-hashes.json")
     found: dict[str, Path] = {}
     missing: list[dict] = []
@@ -194,3 +197,26 @@ def _download(missing: list[dict], lock: dict, directory: Path, progress) -> Non
     if proc.returncode != 0 and progress:
         # What could be fetched stays; the files no index has are named by the caller.
         progress(f"pip download: {proc.stderr.strip().splitlines()[-1][:200] if proc.stderr.strip() else 'failed'}")
+
+
+# Installed size of a wheel set against its compressed size (the VIME lock: 5.3 GB of wheels, 11.3 GB
+# of layers); the kit-written image needs the layer tars and the engine's load of them beside it.
+INSTALLED_RATIO = 2.2
+COPIES_NEEDED = 3
+
+
+def disk_shortfall(plan, workspace: Path) -> str | None:
+    """Why the kit cannot write this image's layers itself here (too little disk), or None.
+
+    Writing the layers takes the normalized tars (one image size) and the engine's load of them
+    (its extracted archive and the layers: two more) on top of the engine's own build.
+    """
+    wheels = sum(Path(path).stat().st_size for _, path in plan.served)
+    need = int(wheels * INSTALLED_RATIO * COPIES_NEEDED)
+    workspace.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(workspace).free
+    if free >= need:
+        return None
+    return (f"not enough disk to write the layers reproducibly (about {need / 1e9:.0f} GB needed beside the build, "
+            f"{free / 1e9:.0f} GB free at {workspace}): the engine's image is tagged as built, so its id is not "
+            "reproducible elsewhere; free space and build again (--no-cache) for the kit-written image")
