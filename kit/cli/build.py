@@ -16,6 +16,8 @@ from kit.model.documents import dumps_pretty, require_valid
 from kit.build.images import build_image, plan_build
 from kit.build.images import engine, write_build_record
 from kit.build.repro_build import check_reproducible
+from kit.evidence.provenance_signature import sign_provenance
+from kit.evidence.signing import load_private_key
 
 
 def default_workspace() -> Path:
@@ -40,10 +42,13 @@ def default_workspace() -> Path:
 @click.option("--check-reproducible", "check_repro", is_flag=True,
               help="Build a second time in a scratch workspace (no cache, other umask and TZ) and compare the "
                    "images layer by layer; exit 1 naming the first differing layer and files.")
+@click.option("--sign-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              help="ed25519 private key: sign the build provenance (a DSSE envelope next to it, .dsse.json).")
 @click.option("--json", "as_json", is_flag=True, help="Machine output: the plan or the build record.")
 @click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Where sources, wheelhouses and build records go (default $KIT_WORKSPACE or ./.workspace).")
-def command(platform, arm, stack_name, sources, sources_dir, wheel_dirs, no_cache, dry_run, check_repro, as_json, workspace):
+def command(platform, arm, stack_name, sources, sources_dir, wheel_dirs, no_cache, dry_run, check_repro, sign_key,
+            as_json, workspace):
     """Build the image of a stack: sources at their pins, packages at exact versions, labels, probe.
 
     \b
@@ -53,6 +58,7 @@ def command(platform, arm, stack_name, sources, sources_dir, wheel_dirs, no_cach
       kit build cuda --arm G10 --dry-run --json          # the plan, without an engine
       kit build rocm --stack vime-g11 --dry-run
       kit build cpu --arm smoke --check-reproducible     # rebuild elsewhere, same image id or exit 1
+      kit build cpu --arm smoke --sign-key build.key     # provenance signed (ed25519, DSSE)
       kit build cuda --arm G11 --sources /work/shared/sources   # sources checked before any layer
       kit build cuda-debian --stack vime-base-debian --sources /work/shared/sources --wheelhouse /cache/wh
     """
@@ -69,6 +75,7 @@ def command(platform, arm, stack_name, sources, sources_dir, wheel_dirs, no_cach
     sources_dir = sources_dir or (Path(os.environ["KIT_SOURCES"]) if os.environ.get("KIT_SOURCES") else None)
     if sources_dir is not None and not sources_dir.is_dir():
         raise BadInput(f"--sources {sources_dir}: no such directory")
+    private_key = load_private_key(sign_key) if sign_key else None   # a bad key is bad input before any build
     progress = None if as_json else _progress_printer()
     plan = plan_build(stack, platform, workspace=workspace, overrides=overrides, dry_run=dry_run,
                       sources_dir=sources_dir, wheel_dirs=list(wheel_dirs),
@@ -84,6 +91,8 @@ def command(platform, arm, stack_name, sources, sources_dir, wheel_dirs, no_cach
         return
     result = build_image(plan, workspace=workspace, nocache=no_cache, progress=progress, arm=arm,
                          sources_from=_sources_from(stack, overrides, workspace), plan_s=time.monotonic() - t0)
+    if private_key is not None:
+        _sign_provenance(result, private_key, progress)
     if check_repro:
         _check_reproducible(result, stack, platform, overrides, workspace, progress, sources_dir, list(wheel_dirs))
     if as_json:
@@ -99,6 +108,16 @@ def command(platform, arm, stack_name, sources, sources_dir, wheel_dirs, no_cach
     check = result.record.get("reproducibility_check")
     if check and not check["same"]:
         raise CheckFailed(_difference_text(result.tag, check))
+
+
+def _sign_provenance(result, private_key, progress) -> None:
+    path = Path(result.record.get("provenance", {}).get("path") or "")
+    if not path.is_file():
+        raise CheckFailed(f"--sign-key: no provenance of {result.tag} in this workspace's builds/ (reused from "
+                          "another workspace, or the build record says why none was written); build it here to sign it")
+    envelope = sign_provenance(path, private_key)
+    if progress:
+        sys.stderr.write(f"provenance signed: {envelope}\n")
 
 
 def _check_reproducible(result, stack, platform, overrides, workspace, progress, sources_dir=None,

@@ -27,7 +27,7 @@ from kit.model.errors import BadInput, KitError
               "(--arm/--stack, else the one its dev.rlk-kit.stack.name label names).")
 @click.option("--arm", "arm_name", metavar="A", help="With --image: the arm whose stack the image must hold.")
 @click.option("--stack", "stack_name", metavar="S", help="With --image: the stack the image must hold.")
-@click.option("--key", "public_key", type=click.Path(path_type=Path, dir_okay=False), help="ed25519 public key a run dir's seal must be signed with.")
+@click.option("--key", "public_key", type=click.Path(path_type=Path, dir_okay=False), help="ed25519 public key a run dir's seal or a build provenance must be signed with.")
 @click.option("--require-signature", is_flag=True, help="A run dir whose seal is unsigned fails (exit 1); with --key, "
               "only that key's signature passes.")
 @click.option("--in-toto", "in_toto", type=click.Path(path_type=Path, dir_okay=False), help="Also write a run dir's seal as an in-toto v1 Statement to this file.")
@@ -49,6 +49,7 @@ def command(paths, image, arm_name, stack_name, public_key, require_signature, i
       kit verify --json manifests/G10.json
       kit verify .workspace/runs/smoke-n40-s1234-20261202T101010Z
       kit verify --key seal.pub --require-signature .workspace/runs/r1
+      kit verify --key seal.pub .workspace/builds/rlk-kit_smoke_cpu-0123456789ab.provenance.json
       kit verify --image rlk-kit/smoke:cpu-0123456789ab --arm smoke
       kit verify --image rlk-kit/smoke:cpu-0123456789ab     # the stack its label names
     """
@@ -64,7 +65,7 @@ def command(paths, image, arm_name, stack_name, public_key, require_signature, i
                 verdicts.append(verify_run_dir(path, public_key=public_key,
                                                require_signature=require_signature or public_key is not None))
             else:
-                verdicts.append(verify_document_file(path))
+                verdicts.append(verify_document_file(path, public_key=public_key, require_signature=require_signature))
         except (KitError, OSError, ValueError, RecursionError) as exc:   # one bad path never hides the others' verdicts
             verdicts.append(FileVerdict(str(path), status="unreadable", problems=[("", _one_line(exc))]))
     if in_toto is not None:

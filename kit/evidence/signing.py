@@ -106,12 +106,13 @@ def public_raw(key) -> bytes:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-def sign_seal(seal: dict, private_key) -> dict:
-    """The ``signature`` field of a v2 seal: ed25519 over the DSSE PAE of the seal's canonical JSON."""
+def sign_seal(seal: dict, private_key, payload_type: str = PAYLOAD_TYPE) -> dict:
+    """The ``signature`` field of a v2 seal: ed25519 over the DSSE PAE of the seal's canonical JSON.
+    (``payload_type``: build provenance is signed the same way as an in-toto statement.)"""
     raw = public_raw(private_key.public_key())
-    return {"algorithm": "ed25519", "scheme": "dsse-v1", "payload_type": PAYLOAD_TYPE, "keyid": key_id(raw),
+    return {"algorithm": "ed25519", "scheme": "dsse-v1", "payload_type": payload_type, "keyid": key_id(raw),
             "public_key": base64.b64encode(raw).decode(),
-            "value": base64.b64encode(private_key.sign(pae(PAYLOAD_TYPE, seal_payload(seal)))).decode()}
+            "value": base64.b64encode(private_key.sign(pae(payload_type, seal_payload(seal)))).decode()}
 
 
 def sign_document(doc: dict, private_key) -> dict:

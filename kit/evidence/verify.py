@@ -13,6 +13,8 @@ from pathlib import Path
 
 from kit.build.provenance_check import is_statement, statement_problems
 from kit.evidence.compare import compare_arms
+from kit.evidence.provenance_signature import is_envelope, provenance_signature_problems
+from kit.evidence.signing import load_public_key
 from kit.evidence.verdict import FileVerdict
 from kit.model.arm import arm_rule_problems, matrix_arm_documents
 from kit.model.catalog import Catalog
@@ -26,18 +28,16 @@ def _catalog_for(path: Path):
     return Catalog.load(path.resolve().parent)
 
 
-def verify_document_file(path: Path) -> FileVerdict:
+def verify_document_file(path: Path, *, public_key: Path | None = None, require_signature: bool = False) -> FileVerdict:
+    """``public_key``/``require_signature``: what a signed build provenance must hold (kit verify --key)."""
     verdict = FileVerdict(str(path))
     try:
         doc = read_json_file(path)
     except KitError as exc:
         verdict.status, verdict.problems = "unreadable", [("", str(exc).split(": ", 1)[-1])]
         return verdict
-    if is_statement(doc):   # an in-toto statement has no 'schema' field
-        verdict.kind = "slsa-provenance"
-        verdict.problems, verdict.notes = statement_problems(doc)
-        verdict.status = "fail" if verdict.problems else "ok"
-        return verdict
+    if is_statement(doc) or is_envelope(doc):   # an in-toto statement (or its DSSE envelope) has no 'schema' field
+        return _provenance_verdict(path, doc, verdict, public_key, require_signature)
     schema = doc.get("schema") if isinstance(doc, dict) else None
     if not isinstance(schema, str) or not schema.startswith("rlk-kit/"):
         verdict.status = "fail"
@@ -66,6 +66,22 @@ def verify_document_file(path: Path) -> FileVerdict:
             problems = [("/name", clash)]
     verdict.problems = problems
     verdict.status = "fail" if problems else "ok"
+    return verdict
+
+
+def _provenance_verdict(path: Path, doc: dict, verdict: FileVerdict, public_key, require_signature) -> FileVerdict:
+    """The statement by schema and image label, and its signature (the sibling .dsse.json) when there is one."""
+    verdict.kind = "slsa-provenance"
+    key = load_public_key(public_key) if public_key is not None else None
+    try:
+        signed, signed_notes, trust, statement = provenance_signature_problems(
+            path, doc, public_key=key, require_signature=require_signature)
+    except KitError as exc:
+        verdict.status, verdict.problems = "unreadable", [("", str(exc).split(": ", 1)[-1])]
+        return verdict
+    problems, notes = statement_problems(statement)
+    verdict.problems, verdict.notes = problems + signed, notes + [f"trust {trust}: {n}" for n in signed_notes]
+    verdict.status = "fail" if verdict.problems else "ok"
     return verdict
 
 

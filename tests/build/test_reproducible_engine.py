@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -18,6 +19,7 @@ from kit.build.plan import ContextEntry
 from kit.build.provenance import LABEL
 from kit.build.repro_build import check_reproducible
 from kit.cli.build import _difference_text
+from kit.evidence.provenance_signature import envelope_path
 from kit.model.catalog import Catalog
 from kit.model.documents import read_json_file, schema_problems, sha256_of_document
 
@@ -101,6 +103,37 @@ def test_provenance_lists_every_input_and_a_changed_field_fails_verification(cpu
     (tmp_path / "changed.json").write_text(json.dumps(changed))
     bad = run_kit("verify", str(tmp_path / "changed.json"))
     assert bad.returncode == 1 and LABEL in bad.stdout, bad.stdout
+
+
+def write_keypair(directory: Path) -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key, pem = Ed25519PrivateKey.generate(), serialization.Encoding.PEM
+    directory.mkdir(parents=True)
+    (directory / "build.key").write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                            serialization.NoEncryption()))
+    (directory / "build.pub").write_bytes(key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return directory / "build.key", directory / "build.pub"
+
+
+def test_a_signed_provenance_verifies_and_a_changed_field_fails(cpu_image, kit_workspace, tmp_path):
+    priv, pub = write_keypair(tmp_path / "keys")
+    proc = run_kit(*smoke_args(cpu_image, kit_workspace), "--sign-key", str(priv))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path = Path(json.loads(proc.stdout)["provenance"]["path"])
+    envelope = envelope_path(path)
+    assert json.loads(envelope.read_text())["payloadType"] == "application/vnd.in-toto+json"
+    ok = run_kit("verify", "--key", str(pub), str(path), "--json")
+    assert ok.returncode == 0 and "trust trusted" in ok.stdout, ok.stdout + ok.stderr
+    changed = json.loads(path.read_text())
+    changed["predicate"]["buildDefinition"]["resolvedDependencies"][0]["uri"] = "rlk-kit/debian-base:elsewhere"
+    (tmp_path / path.name).write_text(json.dumps(changed))
+    shutil.copy(envelope, tmp_path / envelope.name)
+    bad = run_kit("verify", "--json", str(tmp_path / path.name))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    pointers = [p["pointer"] for p in json.loads(bad.stdout)["results"][0]["problems"]]
+    assert "/signatures/0" in pointers and "/payload" in pointers, bad.stdout
 
 
 def test_verify_image_checks_the_provenance(cpu_image, kit_workspace):
