@@ -105,7 +105,7 @@ def test_same_build_again_reuses_the_tag_fast(ci_image):
     assert elapsed < 10, elapsed   # wheel hashes and the archive check are remembered
 
 
-def test_one_byte_of_a_wheel_fails_naming_the_file(ci_image, tmp_path, docker_engine):
+def test_one_byte_of_a_wheel_fails_naming_the_file(ci_image, tmp_path):
     own = next((ci_image["workspace"] / "wheelhouse").iterdir())
     wheelhouse = tmp_path / "wh"
     shutil.copytree(own, wheelhouse)
@@ -113,12 +113,11 @@ def test_one_byte_of_a_wheel_fails_naming_the_file(ci_image, tmp_path, docker_en
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))
-    before = {i.id for i in docker_engine.images.list(all=True)}
     proc = run_kit(*ci_image["args"], "--wheelhouse", str(wheelhouse), "--no-cache")
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert victim.name in proc.stderr and "sha256" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert {i.id for i in docker_engine.images.list(all=True)} == before   # stopped before any layer
+    assert "[1/" not in proc.stderr   # stopped before the engine's first step
 
 
 def test_one_locked_hash_edited_fails_naming_the_file(ci_image, tmp_path):
