@@ -16,6 +16,7 @@ from kit import __version__
 from kit.analysis.comparability import assess
 from kit.analysis.stats import exact_mean
 from kit.analysis.table import manifest_arm, manifest_workload
+from kit.engines.vime import keys
 from kit.evidence.compare import ARM_FIELDS_NOT_COMPARED, classify, compare_run_manifests, flatten
 from kit.model.documents import read_json_file
 from kit.model.errors import BadInput
@@ -33,27 +34,27 @@ ROUNDS_COLUMNS = (
 )
 # rounds.csv column -> log keys tried in order
 ROUND_KEYS = {
-    "reward": ("rollout/rewards",),
-    "raw_reward": ("rollout/raw_reward",),
-    "response_length": ("rollout/response_lengths", "rollout/response_len/mean"),
-    "truncated_ratio": ("rollout/truncated", "rollout/truncated_ratio"),
-    "rollout_kl": ("rollout/kl",),
-    "train_loss": ("train/loss",),
-    "pg_loss": ("train/pg_loss",),
-    "pg_clipfrac": ("train/pg_clipfrac",),
-    "entropy": ("train/entropy_loss",),
-    "ppo_kl": ("train/ppo_kl",),
-    "grad_norm": ("train/grad_norm",),
-    "mean_abs_dlogp": ("train/train_rollout_logprob_abs_diff",),
-    "max_abs_dlogp": ("train/train_current_rollout_logprob_max_abs_diff",),
-    "mismatch_count": ("train/train_current_rollout_logprob_mismatch_count",),
-    "active_token_count": ("train/train_current_rollout_logprob_numel",),
-    "rollout_time": ("perf/rollout_time",),
-    "train_time": ("perf/train_time",),
-    "step_time": ("perf/step_time",),
-    "update_weights_time": ("perf/update_weights_time",),
-    "actor_tokens_per_second": ("perf/actor_train_tok_per_s",),
-    "actor_train_tflops": ("perf/actor_train_tflops",),
+    "reward": (keys.REWARDS,),
+    "raw_reward": (keys.RAW_REWARD,),
+    "response_length": (keys.RESPONSE_LENGTHS, keys.RESPONSE_LEN_MEAN),
+    "truncated_ratio": (keys.TRUNCATED, keys.TRUNCATED_RATIO),
+    "rollout_kl": (keys.ROLLOUT_KL,),
+    "train_loss": (keys.LOSS,),
+    "pg_loss": (keys.PG_LOSS,),
+    "pg_clipfrac": (keys.PG_CLIPFRAC,),
+    "entropy": (keys.ENTROPY_LOSS,),
+    "ppo_kl": (keys.PPO_KL,),
+    "grad_norm": (keys.GRAD_NORM,),
+    "mean_abs_dlogp": (keys.MEAN_ABS_DIFF,),
+    "max_abs_dlogp": (keys.MAX_ABS_DIFF,),
+    "mismatch_count": (keys.MISMATCH_COUNT,),
+    "active_token_count": (keys.NUMEL,),
+    "rollout_time": (keys.ROLLOUT_TIME,),
+    "train_time": (keys.TRAIN_TIME,),
+    "step_time": (keys.STEP_TIME,),
+    "update_weights_time": (keys.UPDATE_WEIGHTS_TIME,),
+    "actor_tokens_per_second": (keys.ACTOR_TRAIN_TOK_PER_S,),
+    "actor_train_tflops": (keys.ACTOR_TRAIN_TFLOPS,),
 }
 PER_SAMPLE_MEANS = ("mismatch_count", "active_token_count")  # × global batch size
 # what may differ between runs pooled under one name (kit compare paths)
@@ -159,8 +160,8 @@ def round_rows(arm, identity: dict) -> list[dict]:
         row = {k: identity[k] for k in ("phase", "run_id", "group", "seed", "rollout_seed")}
         row.update({"step": step, "framework_consistency": reuse if isinstance(reuse, bool) else None,
                     "operator_case": case})
-        for col, keys in ROUND_KEYS.items():
-            value = next((rec.value(k) for k in keys if rec.value(k) is not None), None)
+        for col, candidates in ROUND_KEYS.items():
+            value = next((rec.value(k) for k in candidates if rec.value(k) is not None), None)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 value = None
             elif col in PER_SAMPLE_MEANS:

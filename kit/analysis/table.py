@@ -9,7 +9,7 @@ size comes from ``train/global_batch_size`` in the step records. Example::
 
     arm = load_arm(Path("runs/g10-s1234"))          # run dir
     arm = load_arm(Path("G11.log"), name="strict")  # bare log
-    arm.steps[0].value("perf/step_time")
+    arm.steps[0].value(keys.STEP_TIME)
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.engines.vime import keys
 from kit.engines.vime.records import (
     RecordConflict,
     StepRecords,
@@ -205,7 +206,7 @@ def _line_list(unparseable, shown: int = 10) -> str:
 
 
 def _global_batch_size(log_path, steps, workload, override) -> tuple[int, str]:
-    logged = {_positive_int(s.value("train/global_batch_size")) for s in steps.values()} - {None}
+    logged = {_positive_int(s.value(keys.GLOBAL_BATCH_SIZE)) for s in steps.values()} - {None}
     if len(logged) > 1:
         raise BadInput(f"{log_path}: train/global_batch_size changes between steps ({sorted(logged)})")
     from_log = next(iter(logged), None)
@@ -218,7 +219,7 @@ def _global_batch_size(log_path, steps, workload, override) -> tuple[int, str]:
     if from_manifest:
         return from_manifest, "manifest workload.global_batch_size"
     if from_log:
-        return from_log, "train/global_batch_size in the log"
+        return from_log, f"{keys.GLOBAL_BATCH_SIZE} in the log"
     raise BadInput(f"{log_path}: the global batch size (samples per step) is unknown: no manifest.json "
                    "with workload.global_batch_size and no train/global_batch_size in the step records; "
                    "pass --global-batch-size N")

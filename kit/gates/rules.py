@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Callable
 
+from kit.engines.vime import keys
 from kit.engines.vime.records import ANSI_RE, Record, RecordConflict, collect_steps, parse_records
 from kit.model.engine_traits import traits
 
 
-MISMATCH_KEY = "train/train_current_rollout_logprob_mismatch_count"
-MAX_DIFF_KEY = "train/train_current_rollout_logprob_max_abs_diff"
-MEAN_DIFF_KEY = "train/train_rollout_logprob_abs_diff"
-NUMEL_KEY = "train/train_current_rollout_logprob_numel"
+MISMATCH_KEY = keys.MISMATCH_COUNT
+MAX_DIFF_KEY = keys.MAX_ABS_DIFF
+MEAN_DIFF_KEY = keys.MEAN_ABS_DIFF
+NUMEL_KEY = keys.NUMEL
 MODULES = ("attention", "ffn", "logp")
 SIDES = (("megatron", "training", 0), ("vllm", "rollout", 1))   # framework, target, index of the case letter
 SMOKE_MODEL_RE = re.compile(r"smoke model \S+: config_sha256=([0-9a-f]{64}) weights_sha256=([0-9a-f]{64})")
@@ -331,9 +332,9 @@ CONDITIONS: dict[str, tuple[Callable[[RunEvidence], bool], str]] = {
 }
 
 
-REWARD_KEYS = ("rollout/raw_reward", "rollout/rewards")
-STEP_TIME_KEYS = ("perf/step_time",)
-GBS_KEY = "train/global_batch_size"
+REWARD_KEYS = (keys.RAW_REWARD, keys.REWARDS)
+STEP_TIME_KEYS = (keys.STEP_TIME,)
+GBS_KEY = keys.GLOBAL_BATCH_SIZE
 
 
 def step_global_batch_size(payload: dict, arm: dict | None) -> int | None:
