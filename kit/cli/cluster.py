@@ -18,6 +18,15 @@ from kit.cluster.local import alive_nodes
 CTX = {"help_option_names": ["-h", "--help"]}
 
 
+def _state_options(json_help: str):
+    """--workspace and --json, for the subcommands that read the workspace's cluster state."""
+    def apply(function):
+        function = click.option("--json", "as_json", is_flag=True, help=json_help)(function)
+        return click.option("--workspace", type=click.Path(path_type=Path, file_okay=False),
+                            help="Workspace root.")(function)
+    return apply
+
+
 def _log(as_json: bool):
     return (lambda s: None) if as_json else (lambda s: click.echo(f"kit: {s}", err=True))
 
@@ -69,8 +78,7 @@ def up_command(arm_ref, nodes, image, worker_images, workspace, as_json):
 
 
 @command.command(name="down", context_settings=CTX)
-@click.option("--workspace", type=click.Path(path_type=Path, file_okay=False), help="Workspace root.")
-@click.option("--json", "as_json", is_flag=True, help="Print the rlk-kit/cluster-state/v1 document (status down).")
+@_state_options("Print the rlk-kit/cluster-state/v1 document (status down).")
 def down_command(workspace, as_json):
     """Remove every container and the network the workspace's cluster made (and only those).
 
@@ -92,8 +100,7 @@ def down_command(workspace, as_json):
 
 
 @command.command(name="address", context_settings=CTX)
-@click.option("--workspace", type=click.Path(path_type=Path, file_okay=False), help="Workspace root.")
-@click.option("--json", "as_json", is_flag=True, help="Print the rlk-kit/cluster-state/v1 document.")
+@_state_options("Print the rlk-kit/cluster-state/v1 document.")
 def address_command(workspace, as_json):
     """Print the dashboard URL of the workspace's cluster (exit 1 when it is not up).
 
