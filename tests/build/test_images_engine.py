@@ -281,11 +281,14 @@ def test_no_engine_and_missing_base_are_exit_2(docker_engine, kit_workspace, tmp
 
 
 def test_verify_image_of_a_non_kit_image_is_bad_input_and_leaves_no_container(docker_engine):
-    before = {c.id for c in docker_engine.containers.list(all=True)}
+    def of_the_image():   # only containers of this image: other work may start containers meanwhile
+        return {c.id for c in docker_engine.containers.list(all=True, filters={"ancestor": "rlk-kit/debian-base:bookworm"})}
+
+    before = of_the_image()
     proc = run_kit("verify", "--image", "rlk-kit/debian-base:bookworm", "--arm", "smoke")
     assert proc.returncode == 2, proc.stderr
     assert "cannot run the kit probe" in proc.stderr and "Traceback" not in proc.stderr
-    assert {c.id for c in docker_engine.containers.list(all=True)} <= before
+    assert of_the_image() <= before
 
 
 def test_dry_run_names_the_tag_a_build_makes(cpu_image, kit_workspace):
