@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.build.plan import DOCKERFILES, ContextEntry, patch_context_path
+from kit.build.sources import _git, export_commit, locate_source
+from kit.model.catalog import Catalog, default_manifests_dir
+from kit.model.documents import dumps_pretty, sha256_of_file
 from kit.model.errors import BadInput
-from kit.model.lock import install_files, platform_kind
+from kit.model.lock import hashed_requirements, install_files, lock_sha256, platform_kind, platform_tags
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The user:password part of a remote URL, kept out of the source label.
@@ -37,8 +40,6 @@ class CollectedContext:
 def collect_context(stack_doc: dict, platform: str, *, workspace: Path, overrides: dict[str, Path] | None = None,
                     manifests_dir: Path | None = None, dry_run: bool = False) -> CollectedContext:
     """Everything the Dockerfile COPYs, with identities; fetches/exports sources unless ``dry_run``."""
-    from kit.build.sources import export_commit, locate_source
-    from kit.model.documents import dumps_pretty, sha256_of_file
 
     overrides = dict(overrides or {})
     manifests_dir = manifests_dir or _manifests_dir()
@@ -105,14 +106,12 @@ def collect_context(stack_doc: dict, platform: str, *, workspace: Path, override
 
 
 def _manifests_dir() -> Path:
-    from kit.model.catalog import default_manifests_dir
 
     return default_manifests_dir()
 
 
 def _patch_field(stack_doc: dict, source_name: str, index: int, manifests_dir: Path) -> tuple[str, str]:
     """(stack file, JSON pointer) where patch ``index`` of a source is written, following ``extends``."""
-    from kit.model.catalog import Catalog
 
     fallback = (f"stack {stack_doc.get('name')!r}", f"sources[name={source_name}]/patches/{index}/path")
     try:
@@ -144,7 +143,6 @@ def kit_checkout() -> tuple[str | None, str | None]:
     The revision is ``git rev-parse HEAD``, with ``-dirty`` when tracked or untracked (not ignored)
     files differ from it; the URL loses any user:password part.
     """
-    from kit.build.sources import _git
 
     def git(*args: str) -> str | None:
         try:
@@ -182,7 +180,6 @@ def _kit_source_entries() -> list[ContextEntry]:
 
 def stack_lock(stack_name: str, platform: str, manifests_dir: Path) -> dict | None:
     """The committed lock of a stack's platform (manifests/lock-<stack>-<platform>.json), or None."""
-    from kit.model.catalog import Catalog
 
     entry = Catalog.load(manifests_dir).lock(stack_name, platform)
     return entry[0] if entry else None
@@ -190,7 +187,6 @@ def stack_lock(stack_name: str, platform: str, manifests_dir: Path) -> dict | No
 
 def _wheelhouse_entries(lock: dict, workspace: Path, dry_run: bool, out: CollectedContext) -> list[ContextEntry]:
     """The lock's files, downloaded once by their sha256 (pip --require-hashes --no-deps)."""
-    from kit.model.lock import hashed_requirements, lock_sha256, platform_tags
 
     reqs = hashed_requirements(lock)
     key = lock_sha256(lock)[:16]

@@ -13,22 +13,27 @@ import json
 import tarfile
 from dataclasses import dataclass
 
-from kit.build.layout import ENTRYPOINT, LABEL_PREFIX, PROBE_AT_BUILD_PATH, PROBE_COMMAND, PROBE_STACK_ENV, STACK_PATH
+from kit.adapters import docker as dockerdoor
+from kit.adapters.docker import engine
 from kit.build.context import _manifests_dir, stack_lock
+from kit.build.installed import freeze_entries, installed_differences
+from kit.build.layout import ENTRYPOINT, LABEL_PREFIX, PROBE_AT_BUILD_PATH, PROBE_COMMAND, PROBE_STACK_ENV, STACK_PATH
 from kit.build.plan import pin_labels
+from kit.build.probe import extension_differences, identity_differences
+from kit.model.documents import parse_json_bytes, require_valid
 from kit.model.errors import BadInput, CheckFailed
+from kit.model.stack import stack_parts
 
 
-def engine():
-    from kit.build.images import engine as _engine
-
-    return _engine()
-
-
-def stack_parts(stack):
-    from kit.build.images import stack_parts as _parts
-
-    return _parts(stack)
+def _image_on_engine(client, ref: str):
+    """The image ``ref`` names; BadInput saying how to make it when the engine does not hold it."""
+    try:
+        image = dockerdoor.find_image(client, ref)
+    except dockerdoor.EngineError as exc:
+        raise BadInput(f"image {ref!r}: the engine cannot look it up ({exc})") from None
+    if image is None:
+        raise BadInput(f"image {ref!r} is not on this engine; build it with `kit build`")
+    return image
 
 
 def build_time_probe(client, image_id: str) -> dict:
@@ -72,14 +77,9 @@ class ImageCheck:
 
 def check_image(image_ref_or_id: str, stack, *, client=None) -> ImageCheck:
     """Compare an image's labels and embedded stack document with ``stack`` (no container is run)."""
-    import docker
-
     stack_doc, stack_sha, _ = stack_parts(stack)
     client = client or engine()
-    try:
-        image = client.images.get(image_ref_or_id)
-    except docker.errors.ImageNotFound:
-        raise BadInput(f"image {image_ref_or_id!r} is not on this engine; build it with `kit build`") from None
+    image = _image_on_engine(client, image_ref_or_id)
     found = image.labels or {}
     platform = found.get("dev.rlk-kit.platform")
     differences: list[tuple[str, str | None, str | None]] = []
@@ -132,13 +132,8 @@ def read_image_file(client, image_id: str, path: str) -> bytes | None:
 
 def image_stack_name(image_ref: str, *, client=None) -> str:
     """The stack an image says it holds (its ``dev.rlk-kit.stack.name`` label); BadInput when it says none."""
-    import docker
-
     client = client or engine()
-    try:
-        image = client.images.get(image_ref)
-    except docker.errors.ImageNotFound:
-        raise BadInput(f"image {image_ref!r} is not on this engine; build it with `kit build`") from None
+    image = _image_on_engine(client, image_ref)
     name = (image.labels or {}).get(f"{LABEL_PREFIX}.stack.name")
     if not name:
         raise BadInput(f"image {image_ref!r} has no {LABEL_PREFIX}.stack.name label (not built by `kit build`); "
@@ -161,25 +156,18 @@ def verify_image_by_probe(image_ref: str, stack, *, client=None, timeout_s: int 
     ``verify_image_by_probe("rlk-kit/smoke:cpu-…", catalog.stack("smoke")).differences`` lists
     e.g. ``("sources.rl-kernel.tree", "<expected>", "<observed>")`` after a baked file was edited.
     """
-    import docker
-
-    from kit.model.documents import require_valid
-
     stack_doc, _, _ = stack_parts(stack)
     client = client or engine()
-    try:
-        client.images.get(image_ref)
-    except docker.errors.ImageNotFound:
-        raise BadInput(f"image {image_ref!r} is not on this engine; build it with `kit build`") from None
+    _image_on_engine(client, image_ref)
     # The kit's entrypoint, whatever the image's default became (a committed container may have
     # changed it): it puts the stack's venv first on PATH, which is what the probe must observe.
     container = client.containers.create(image_ref, command=PROBE_COMMAND, entrypoint=[ENTRYPOINT],
                                          network_mode="none", environment={PROBE_STACK_ENV: json.dumps(stack_doc)})
     try:
         try:
-            container.start()
-        except docker.errors.APIError as exc:
-            reason = exc.explanation or str(exc)
+            dockerdoor.start_container(container)
+        except dockerdoor.EngineError as exc:
+            reason = str(exc)
             raise BadInput(f"image {image_ref!r} cannot run the kit probe (is it an image `kit build` made? "
                            f"it needs {ENTRYPOINT}): {reason}") from None
         status = container.wait(timeout=timeout_s)
@@ -189,8 +177,6 @@ def verify_image_by_probe(image_ref: str, stack, *, client=None, timeout_s: int 
             raise CheckFailed(f"probe in {image_ref} exited {status.get('StatusCode')}: {err}")
     finally:
         container.remove(force=True)
-    from kit.model.documents import parse_json_bytes
-
     observed = require_valid(parse_json_bytes(out, f"probe output of {image_ref}"), f"probe output of {image_ref}", "probe")
     differences = probe_differences(client, image_ref, observed, stack_doc)
     return ProbeCheck(not differences, differences, observed)
@@ -207,14 +193,10 @@ def image_platform(client, image: str) -> str:
 def probe_differences(client, image: str, observed: dict, stack_doc: dict) -> list[tuple[str, str | None, str | None]]:
     """What a probe inside a container of ``image`` shows against the stack's pins, and its compiled
     extensions against the image's build-time probe (the only record of those build outputs)."""
-    from kit.build.probe import extension_differences, identity_differences
-
     differences = identity_differences(observed, stack_doc)
     at_build = build_time_probe(client, image)
     lock = stack_lock(stack_doc["name"], image_platform(client, image), _manifests_dir())
     if lock is not None:
-        from kit.build.installed import freeze_entries, installed_differences
-
         # What the build-time check let pass beside the lock (a baked source's distribution) may stay.
         apart = set(freeze_entries(at_build.get("freeze", []))) if not at_build.get("differences") else set()
         differences += installed_differences(lock, freeze_entries(observed.get("freeze", [])), apart)

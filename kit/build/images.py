@@ -1,4 +1,4 @@
-"""Images: the only module that talks to the Docker engine (docker-py, classic builder).
+"""Images: plan, build and record them on the Docker engine (classic builder, through kit.adapters.docker).
 
 Collects a build context (sources exported at their pins, patches, the kit, a wheelhouse for cpu),
 turns it into a :class:`kit.build_plan.BuildPlan`, builds it with a progress display, writes a
@@ -22,50 +22,43 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kit.build.plan import (PLATFORMS, REVISION_LABEL, SOURCE_LABEL, BuildPlan,
-                            context_tar, make_plan, source_problems)
-from kit.model.errors import BadInput, CheckFailed
-from kit.build.context import (CollectedContext, _manifests_dir, collect_context, kit_checkout,  # noqa: F401
-                               stack_lock)
-from kit.build.image_checks import (ImageCheck, ProbeCheck, build_time_probe, check_image,  # noqa: F401
-                                    image_conformance_fingerprint, image_platform, image_stack_name,
-                                    probe_differences, read_embedded_stack, read_image_file, verify_image_by_probe)
+from kit import __version__
+from kit.adapters import docker as dockerdoor
+from kit.adapters.docker import engine
+from kit.build.context import CollectedContext, _manifests_dir, collect_context, kit_checkout, stack_lock  # noqa: F401
+from kit.build.cuda_debian import PLATFORM as CUDA_DEBIAN
+from kit.build.cuda_debian import collect_cuda_debian, sources_check
+from kit.build.image_checks import (  # noqa: F401
+    ImageCheck,
+    ProbeCheck,
+    build_time_probe,
+    check_image,
+    image_conformance_fingerprint,
+    image_platform,
+    image_stack_name,
+    probe_differences,
+    read_embedded_stack,
+    read_image_file,
+    verify_image_by_probe,
+)
 from kit.build.layout import LABEL_PREFIX
+from kit.build.plan import PLATFORMS, REVISION_LABEL, SOURCE_LABEL, BuildPlan, context_tar, make_plan, source_problems
 from kit.build.provenance import LABEL as PROVENANCE_LABEL
-from kit.build.cuda_debian import PLATFORM as CUDA_DEBIAN, collect_cuda_debian, sources_check
+from kit.build.repro_build import find_provenance, write_reproducible
+from kit.build.source_cache import source_cache_problems
 from kit.build.wheel_server import bridge_gateway, serve_wheels
 from kit.build.wheelhouse import disk_shortfall, wheelhouse_dirs
+from kit.model.documents import write_new_document
+from kit.model.errors import BadInput, CheckFailed
+from kit.model.stack import stack_parts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
-ENGINE_HELP = ("start one with `nohup dockerd >/tmp/dockerd.log 2>&1 &` or scripts/ensure-docker.sh, "
-               "or point DOCKER_HOST at a running engine")
-
-
-# --- engine -----------------------------------------------------------------------------------
-
-def engine():
-    """A docker-py client whose engine answers; BadInput (exit 2) saying how to start one otherwise."""
-    import docker
-
-    try:
-        client = docker.from_env(timeout=600)
-        client.ping()
-        return client
-    except Exception as exc:  # DockerException, connection errors: all mean "no engine"
-        where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-        raise BadInput(f"no Docker engine answers at {where} ({type(exc).__name__}); {ENGINE_HELP}") from None
-
-
 def _base_id_if_known(client, base_image: str) -> str | None:
     """The local id of a tagged base when an engine answers and holds it (a dry run asks, never needs:
     a short timeout, so an engine that does not answer cannot hold the dry run up)."""
     try:
-        if client is None:
-            import docker
-
-            client = docker.from_env(timeout=5)
-        return base_image_id(client, base_image)
+        return base_image_id(client or dockerdoor.client(dockerdoor.QUICK_TIMEOUT_S), base_image)
     except Exception:   # no engine, no base, an engine error: the tag is then provisional
         return None
 
@@ -76,14 +69,12 @@ def base_image_id(client, base_image: str, *, stack_name: str = "", platform: st
     The build never pulls (``pull=False``): a base named by digest must already be on the engine
     under that digest, as ``docker pull`` leaves it.
     """
-    import docker
-
     try:
-        return client.images.get(base_image).id
-    except docker.errors.ImageNotFound:
-        pass
-    except docker.errors.APIError as exc:   # e.g. a malformed reference
-        raise BadInput(f"base image {base_image}: the engine cannot look it up ({exc.explanation or exc})") from None
+        found = dockerdoor.find_image(client, base_image)
+    except dockerdoor.EngineError as exc:   # e.g. a malformed reference
+        raise BadInput(f"base image {base_image}: the engine cannot look it up ({exc})") from None
+    if found is not None:
+        return found.id
     where = f" (stack {stack_name!r}, platform {platform})" if stack_name else ""
     if base_image.startswith("rlk-kit/debian-base"):
         raise BadInput(f"base image {base_image}{where} is not on this engine; make it with docker/make-base-image.sh "
@@ -95,23 +86,12 @@ def base_image_id(client, base_image: str, *, stack_name: str = "", platform: st
 
 # --- stacks -----------------------------------------------------------------------------------
 
-def stack_parts(stack) -> tuple[dict, str, str]:
-    """(resolved document, sha256, name) from a kit.stack.Stack or a resolved stack dict."""
-    if isinstance(stack, dict):
-        from kit.model.documents import sha256_of_document
-        from kit.model.stack import stack_identity
-
-        return stack, sha256_of_document(stack_identity(stack)), stack["name"]
-    return stack.document, stack.sha256, stack.name
-
-
 # --- plan and build ---------------------------------------------------------------------------
 
 def plan_build(stack, platform: str, *, workspace: Path, overrides: dict[str, Path] | None = None,
                dry_run: bool = False, client=None, sources_dir: Path | None = None,
                wheel_dirs: list[Path] | None = None, progress=None) -> BuildPlan:
     """The full plan for ``stack`` on ``platform``; no engine needed when ``dry_run``."""
-    from kit import __version__
 
     stack_doc, stack_sha, name = stack_parts(stack)
     if platform not in PLATFORMS:
@@ -121,7 +101,6 @@ def plan_build(stack, platform: str, *, workspace: Path, overrides: dict[str, Pa
         raise BadInput(blocking[0])
     if sources_dir is not None:
         # Every source checked (commit and recomputed tree) before the base, a download or a layer.
-        from kit.build.source_cache import source_cache_problems
 
         missing = source_cache_problems(stack_doc, sources_dir, sources_check(workspace))
         if missing:
@@ -198,7 +177,6 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
                                cached=True, steps=0, context=None, arm=arm, sources_from=sources_from)
         label = (existing.labels or {}).get(PROVENANCE_LABEL)
         if label:   # the statement of equal inputs is equal: the one this workspace wrote, when it did
-            from kit.build.repro_build import find_provenance
             found = find_provenance(workspace, label)
             record["provenance"] = {"path": str(found) if found else "", "sha256": label}
         return BuildResult(plan.tag, existing.id, True, 0, record["durations_s"], write_build_record(record, workspace),
@@ -236,7 +214,6 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
     normalized = None
     if reproducible:
         # Lazy: kit.build.repro_build imports this module back for its second build.
-        from kit.build.repro_build import write_reproducible
         t_engine = time.monotonic()
         say = (lambda text: progress(0, total, time.monotonic() - t0, text)) if progress else None
         normalized, extra = write_reproducible(client, plan, image_id, workspace=workspace, tag=load_tag or plan.tag,
@@ -300,11 +277,8 @@ def _image_of_inputs(client, plan: BuildPlan):
     may differ: it says which commit built the image, which stays true, and a new commit that leaves
     the inputs alone (a README edit) must not give equal contents a new image id.
     """
-    import docker
-
-    try:
-        image = client.images.get(plan.tag)
-    except docker.errors.ImageNotFound:
+    image = dockerdoor.find_image(client, plan.tag)
+    if image is None:
         return None
     found = image.labels or {}
     same = (found.get(f"{LABEL_PREFIX}.inputs.sha256") == plan.inputs_sha256
@@ -358,7 +332,6 @@ def _failure_reason(log: list[str], error: str) -> str:
     return error.strip()
 
 def write_build_record(record: dict, workspace: Path) -> Path:
-    from kit.model.documents import write_new_document
 
     directory = workspace / "builds"
     directory.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kit.adapters.docker import engine
 from kit.build.provenance import LABEL, PREDICATE_TYPE, SCHEMA, subject_layers
+from kit.build.repro_build import find_provenance
+from kit.model.documents import read_json_file, schema_problems, sha256_of_document
 
 
 def is_statement(doc) -> bool:
@@ -21,7 +24,6 @@ def is_statement(doc) -> bool:
 def statement_problems(doc: dict, *, client=None) -> tuple[list[tuple[str, str]], list[str]]:
     """Schema problems; then, when the image the subject names is on the engine, whether its
     provenance label is this statement's sha256 (any changed field changes that sha256)."""
-    from kit.model.documents import schema_problems, sha256_of_document
 
     problems = schema_problems(doc, as_schema=SCHEMA)
     if problems:
@@ -42,8 +44,6 @@ def statement_problems(doc: dict, *, client=None) -> tuple[list[tuple[str, str]]
 
 def image_provenance_problems(client, image_ref: str, workspace: Path) -> tuple[list[tuple[str, str]], list[str]]:
     """An image against the statement its label names (found among ``workspace``'s build records)."""
-    from kit.build.repro_build import find_provenance
-    from kit.model.documents import read_json_file
 
     image = client.images.get(image_ref)
     label = (image.labels or {}).get(LABEL)
@@ -64,7 +64,6 @@ def image_provenance_problems(client, image_ref: str, workspace: Path) -> tuple[
 def _image(client, name: str):
     try:
         if client is None:
-            from kit.build.images import engine
 
             client = engine()
         return client.images.get(name)

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import click
 
-from kit.model.errors import BadInput, CheckFailed
+from kit.adapters.docker import engine
+from kit.build.images import build_image, plan_build, write_build_record
+from kit.build.recheck import check_reproducible
 from kit.build.sources import parse_source_overrides
-from kit.model.catalog import Catalog
-from kit.model.documents import dumps_pretty, require_valid
-from kit.build.images import build_image, plan_build
-from kit.build.images import engine, write_build_record
-from kit.build.repro_build import check_reproducible
 from kit.evidence.provenance_signature import sign_provenance
 from kit.evidence.signing import load_private_key
+from kit.model.catalog import Catalog
+from kit.model.documents import dumps_pretty, require_valid
+from kit.model.errors import BadInput, CheckFailed
 
 
 def default_workspace() -> Path:

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
-from kit.build.images import check_image, engine, image_platform, image_stack_name, verify_image_by_probe
+from kit.adapters.docker import engine
 from kit.build.image_imports import NEEDS_GPU, import_targets, run_import_checks
+from kit.build.images import check_image, image_platform, image_stack_name, verify_image_by_probe
 from kit.build.provenance_check import image_provenance_problems
 from kit.cli._output import emit_json
 from kit.cli.build import default_workspace

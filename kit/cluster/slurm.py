@@ -26,7 +26,7 @@ from kit.build import layout as L
 from kit.model import node_identity as NI
 from kit.model.accelerators import accelerator, docker_run_flags
 from kit.model.errors import BadInput, CheckFailed
-from kit.build.images import engine
+from kit.adapters.docker import engine
 from kit.runtimes.docker import DockerRuntime
 
 RUNTIMES = ("docker", "pyxis", "apptainer")

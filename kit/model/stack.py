@@ -91,6 +91,13 @@ def stack_identity(resolved: dict) -> dict:
     return _without_notes({k: v for k, v in resolved.items() if k not in NON_IDENTITY_FIELDS})
 
 
+def stack_parts(stack) -> tuple[dict, str, str]:
+    """(resolved document, sha256, name) from a Stack or a resolved stack dict."""
+    if isinstance(stack, dict):
+        return stack, sha256_of_document(stack_identity(stack)), stack["name"]
+    return stack.document, stack.sha256, stack.name
+
+
 def _without_notes(value):
     if isinstance(value, dict):
         return {k: _without_notes(v) for k, v in value.items() if k != "note"}

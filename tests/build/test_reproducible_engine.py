@@ -17,7 +17,7 @@ from conftest import REPO, run_kit
 from kit.build.images import build_image, plan_build
 from kit.build.plan import ContextEntry
 from kit.build.provenance import LABEL
-from kit.build.repro_build import check_reproducible
+from kit.build.recheck import check_reproducible
 from kit.cli.build import _difference_text
 from kit.evidence.provenance_signature import envelope_path
 from kit.model.catalog import Catalog
