@@ -7,15 +7,8 @@ set -eu
 here="$(cd "$(dirname "$0")/.." && pwd)"
 BASE_TAG="${RLK_BASE_IMAGE:-rlk-kit/debian-base:bookworm}"
 
-need=""
-command -v dockerd >/dev/null 2>&1 || need="$need docker.io"
-command -v mmdebstrap >/dev/null 2>&1 || need="$need mmdebstrap"
-if [ -n "$need" ]; then
-    echo "ensure-docker: installing$need" >&2
-    apt-get update -qq
-    # shellcheck disable=SC2086
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
-fi
+. "$here/scripts/lib/install-missing.sh"
+install_missing ensure-docker dockerd:docker.io mmdebstrap:mmdebstrap
 
 if ! docker info >/dev/null 2>&1; then
     echo "ensure-docker: starting dockerd (log: /tmp/dockerd.log)" >&2

@@ -10,17 +10,8 @@ CONF=/etc/slurm/slurm.conf
 LOGS=/tmp/rlk-slurm
 mkdir -p "$LOGS"
 
-need=""
-command -v slurmctld >/dev/null 2>&1 || need="$need slurmctld"
-command -v slurmd >/dev/null 2>&1 || need="$need slurmd"
-command -v sbatch >/dev/null 2>&1 || need="$need slurm-client"
-command -v munged >/dev/null 2>&1 || need="$need munge"
-if [ -n "$need" ]; then
-    echo "ensure-slurm: installing$need" >&2
-    apt-get update -qq
-    # shellcheck disable=SC2086
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
-fi
+. "$(cd "$(dirname "$0")" && pwd)/lib/install-missing.sh"
+install_missing ensure-slurm slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge
 
 host="$(hostname -s)"
 if [ ! -f "$CONF" ] || ! grep -q "^NodeName=$host " "$CONF"; then
