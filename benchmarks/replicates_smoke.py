@@ -5,7 +5,7 @@ workspace, then `kit analyze replicates` over the two groups (does the native vs
 mismatch difference exceed the noise floor?) and `kit reproduce` on the first consistency run
 (bitwise?). Prints the verdicts and the wall time of each step.
 
-    python benchmarks/replicates_smoke.py [--rollouts 3]      # results/replicates_smoke.txt keeps one run
+    python benchmarks/replicates_smoke.py [--rollouts 3] [--figures docs/analysis]   # results/replicates_smoke.txt
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,7 @@ def kit(ws: Path, *args) -> tuple[subprocess.CompletedProcess, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rollouts", type=int, default=3)
+    parser.add_argument("--figures", type=Path, help="copy noise-floor.png of the run here")
     args = parser.parse_args()
     lines = [f"smoke arm, 3 seeds x 2 modes, {args.rollouts} rollouts each "
              f"({platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()})", ""]
@@ -52,6 +54,9 @@ def main() -> None:
         if proc.returncode != 0:
             raise SystemExit(f"kit analyze replicates exited {proc.returncode}: {proc.stderr[-800:]}")
         doc = json.loads((ws / "noise" / "replicates.json").read_text())
+        if args.figures:
+            args.figures.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ws / "noise" / "noise-floor.png", args.figures / "noise-floor.png")
         lines += ["", f"kit analyze replicates ({secs:.1f} s): noise floor = range of the 3 seed means per arm"]
         for arm in doc["arms"]:
             m = arm["metrics"].get("mismatch_count")

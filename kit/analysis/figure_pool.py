@@ -77,16 +77,21 @@ class FigurePool:
 
     def start(self, tasks):
         """Hand ``tasks`` to the workers now; returns the function that waits for their results, in order."""
-        if self._executor is None:
-            return lambda: [fn(*args) for fn, args in tasks]
-        futures = [self._executor.submit(fn, *args) for fn, args in tasks]
+        here = lambda: [fn(*args) for fn, args in tasks]      # noqa: E731
+        try:
+            futures = [self._executor.submit(fn, *args) for fn, args in tasks] if self._executor else None
+        except BrokenProcessPool:            # a worker died while warming up
+            self.close()
+            futures = None
+        if futures is None:
+            return here
 
         def results() -> list:
             try:
                 return [f.result() for f in futures]
             except BrokenProcessPool:        # a worker died (e.g. out of memory): draw here instead
                 self.close()
-                return [fn(*args) for fn, args in tasks]
+                return here()
         return results
 
     def close(self) -> None:

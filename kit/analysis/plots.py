@@ -300,3 +300,49 @@ def _ratio_series(rounds, group):
             by_step[r["step"]] = (m + r["mismatch_count"], t + r["active_token_count"])
     steps = sorted(by_step)
     return steps, [by_step[s][0] / by_step[s][1] for s in steps]
+
+
+REPLICATE_UNITS = {"raw_reward": "raw reward", "reward": "normalized reward", "mismatch_count": "mismatched tokens / step",
+                   "mean_abs_dlogp": "mean |Δlogp| (nats)", "max_abs_dlogp": "max |Δlogp| (nats)",
+                   "response_length": "response length (tokens)", "step_time_s": "step time (s)",
+                   "rollout_time_s": "rollout time (s)"}
+
+
+def noise_floor_figure(doc, out_dir: Path) -> list[str]:
+    """``noise-floor``: per metric, each arm's seed means (dots) and their range (the noise floor, a bar),
+    side by side, so the gap between arms reads against the spread between seeds; the verdict in the title."""
+    plt = _pyplot()
+    metrics = [m for m in REPLICATE_UNITS if any(m in a["metrics"] for a in doc["arms"])]
+    cols = 4
+    rows = max(1, -(-len(metrics) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.3 * rows), squeeze=False)
+    verdicts = {m: v for d in doc["differences"] for m, v in d["metrics"].items()}
+    names = [a["arm"] for a in doc["arms"]]
+    for ax, metric in zip(axes.flat, metrics):
+        for i, arm in enumerate(doc["arms"]):
+            m = arm["metrics"].get(metric)
+            if m is None:
+                continue
+            means = m["seed_means"]
+            ax.plot([i] * len(means), means, "o", ms=4, color=f"C{i}", alpha=0.8)
+            ax.plot([i, i], [min(means), max(means)], lw=6, color=f"C{i}", alpha=0.25, solid_capstyle="butt")
+            ax.plot([i - 0.2, i + 0.2], [m["mean"]] * 2, lw=1.5, color=f"C{i}")
+        ax.set_xticks(range(len(names)), [f"{n}\n({len(a['runs'])} seeds)" for n, a in zip(names, doc["arms"])],
+                      fontsize=7)
+        ax.set_xlim(-0.6, len(names) - 0.4)
+        ax.set_ylabel(REPLICATE_UNITS[metric], fontsize=8)
+        v = verdicts.get(metric)
+        if v is None or v["exceeds_noise_floor"] is None:
+            ax.set_title(f"{metric}\nno noise floor (one seed)" if v else metric, fontsize=8)
+        else:
+            words = "exceeds" if v["exceeds_noise_floor"] else "within"
+            ax.set_title(f"{metric}: Δ {v['difference']:+.3g} [{v['ci95_low']:+.3g}, {v['ci95_high']:+.3g}]\n"
+                         f"{words} the noise floor {v['noise_floor']:.3g}", fontsize=8,
+                         color="#0b6e2e" if v["exceeds_noise_floor"] else "#333333")
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.set_visible(False)
+    fig.suptitle("Noise floor: seed means per arm (dots), their range (bar), the arm mean (line); "
+                 f"difference vs {names[0]} with a two-level bootstrap 95 % CI", fontsize=9)
+    subtitle = ("noise floor = range of one arm's seed means (runs that differ only in seed); a difference exceeds it "
+                "when its CI excludes 0 and it is larger than both arms' ranges")
+    return _save(fig, out_dir, "noise-floor", subtitle, {"top": 0.86, "bottom": 0.12, "hspace": 0.6, "wspace": 0.45})

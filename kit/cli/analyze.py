@@ -14,7 +14,7 @@ from kit.analysis.table import load_arms
 from kit.analysis.stats import single_threaded_blas
 from kit.analysis.output import publish, refuse_existing, write_csv, write_json
 from kit.analysis.perf import COLUMNS, SCHEMA, SUMMARY_CSV_COLUMNS, analyze_perf
-from kit.analysis.plots import convergence_figures, perf_figure_tasks
+from kit.analysis.plots import convergence_figures, noise_floor_figure, perf_figure_tasks
 from kit.analysis.figure_pool import FigurePool
 from kit.analysis.convergence import ROUNDS_COLUMNS, RUNS_COLUMNS, SUMMARY_FIELDS, analyze_convergence
 from kit.analysis.monitors import FIGURE as MONITORS_FIGURE, has_monitors, monitor_figure, read_monitors
@@ -315,8 +315,10 @@ def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase
               help="Output directory; created if missing. Existing files are never overwritten.")
 @click.option("--draws", type=click.IntRange(min=100), default=2000, show_default=True, help="Bootstrap draws.")
 @click.option("--seed", type=click.IntRange(min=0), default=1234, show_default=True, help="Bootstrap seed.")
+@click.option("--figures/--no-figures", default=True, show_default=True,
+              help="Draw noise-floor.png and .pdf: each arm's seed means and their range beside the other arms'.")
 @click.option("--json", "as_json", is_flag=True, help="Print replicates.json to stdout.")
-def replicates(runs, out_dir, draws, seed, as_json):
+def replicates(runs, out_dir, draws, seed, figures, as_json):
     """Noise floor of replicate runs (seeds) and whether arm differences exceed it.
 
     \b
@@ -324,6 +326,7 @@ def replicates(runs, out_dir, draws, seed, as_json):
     Runs with one arm name are replicates of it; the first arm is the reference.
     Per metric: each seed's mean, the noise floor (range of seed means), and per other arm the
     difference with a two-level bootstrap CI (seeds, then steps) and a verdict in words.
+    noise-floor.png/.pdf show each arm's seed means and their range per metric.
     \b
     Example:
       kit analyze replicates .workspace/groups/smoke-native-g*.json .workspace/groups/smoke-consistency-g*.json --out report/noise
@@ -337,9 +340,10 @@ def replicates(runs, out_dir, draws, seed, as_json):
                 click.echo(f"kit: warning: {note}", err=True)
         else:
             paths.append(Path(r))
-    refuse_existing(out_dir, ("replicates.json",))
+    refuse_existing(out_dir, ("replicates.json",) + _figure_files(("noise-floor",), figures))
     doc = analyze_replicates(load_arms(paths), draws=draws, seed=seed)
-    publish(out_dir, lambda tmp: [write_json(tmp / "replicates.json", doc, REPLICATES_SCHEMA)])
+    publish(out_dir, lambda tmp: [write_json(tmp / "replicates.json", doc, REPLICATES_SCHEMA)]
+            + (noise_floor_figure(doc, tmp) if figures else []))
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
@@ -348,4 +352,4 @@ def replicates(runs, out_dir, draws, seed, as_json):
     for d in doc["differences"]:
         for m in d["metrics"].values():
             click.echo(f"  {m['verdict']}")
-    click.echo(f"wrote replicates.json to {out_dir}")
+    click.echo(f"wrote replicates.json{' and noise-floor.png/.pdf' if figures else ''} to {out_dir}")

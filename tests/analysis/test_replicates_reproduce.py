@@ -1,4 +1,8 @@
-"""Replicates (kit run --seeds), the noise floor (kit analyze replicates) and kit reproduce, on the smoke arm."""
+"""Replicates (kit run --seeds), the noise floor (kit analyze replicates) and kit reproduce, on the smoke arm.
+
+The acceptance run: 3 seeds x 2 modes (native, consistency); the noise-floor report says the native vs
+consistency mismatch difference exceeds the noise floor, and kit reproduce on a consistency run says
+"bitwise reproduced"."""
 
 from __future__ import annotations
 
@@ -30,29 +34,31 @@ def test_parse_seeds_names_what_is_wrong():
 
 @pytest.fixture(scope="module")
 def replicate_groups(tmp_path_factory):
-    """Two smoke groups of 2 seeds x 2 rollouts: native (P/P) and consistency (R/R)."""
+    """Two smoke groups of 3 seeds x 2 rollouts: native (P/P) and consistency (R/R)."""
     ws = tmp_path_factory.mktemp("replicates")
     groups = {}
     for mode in ("native", "consistency"):
-        proc = kit("run", "--arm", "smoke", "--mode", mode, "--seeds", "1,2", "--rollouts", "2", "--allow-dirty",
+        proc = kit("run", "--arm", "smoke", "--mode", mode, "--seeds", "1,2,3", "--rollouts", "2", "--allow-dirty",
                    "--json", workspace=ws)
         assert proc.returncode == 0, proc.stderr[-2000:]
         groups[mode] = json.loads(proc.stdout)
     return ws, groups
 
 
+@pytest.mark.slow
 def test_seeds_make_one_sealed_run_per_seed_grouped(replicate_groups):
     ws, groups = replicate_groups
     for mode, group in groups.items():
         doc = json.loads((ws / "groups" / f"{group['group']}.json").read_text())
         assert doc == group and schema_problems(doc, "replicate-group") == []
-        assert [r["seed"] for r in doc["runs"]] == [1, 2] and all(r["sealed"] for r in doc["runs"])
+        assert [r["seed"] for r in doc["runs"]] == [1, 2, 3] and all(r["sealed"] for r in doc["runs"])
         for r in doc["runs"]:
             manifest = json.loads((Path(r["run_dir"]) / "manifest.json").read_text())
             assert manifest["arm"]["workload"]["seed"] == r["seed"] == manifest["arm"]["workload"]["rollout_seed"]
             assert r["run_id"] == f"{group['group']}-s{r['seed']}"
 
 
+@pytest.mark.slow
 def test_noise_floor_says_the_mismatch_difference_exceeds_it(replicate_groups, tmp_path):
     ws, groups = replicate_groups
     docs = [str(ws / "groups" / f"{groups[m]['group']}.json") for m in ("native", "consistency")]
@@ -62,15 +68,19 @@ def test_noise_floor_says_the_mismatch_difference_exceeds_it(replicate_groups, t
     assert schema_problems(doc, "analysis-replicates") == []
     native_arm, consistency_arm = groups["native"]["arm"], groups["consistency"]["arm"]   # smoke-native, smoke
     native = next(a for a in doc["arms"] if a["arm"] == native_arm)
-    assert native["metrics"]["mismatch_count"]["noise_floor"]["seeds"] == 2
+    assert native["metrics"]["mismatch_count"]["noise_floor"]["seeds"] == 3
     diff = doc["differences"][0]
     assert (diff["reference"], diff["other"]) == (native_arm, consistency_arm)
     m = diff["metrics"]["mismatch_count"]
     assert m["exceeds_noise_floor"] is True and "exceeds the noise floor" in m["verdict"]
     assert m["difference"] < 0 and m["ci95_high"] < 0
     assert f"mismatch_count: {consistency_arm} - {native_arm}" in proc.stdout
+    assert f"mismatch_count: {consistency_arm} - {native_arm}" in m["verdict"] and "exceeds the noise floor" in proc.stdout
+    for ext, magic in (("png", b"\x89PNG"), ("pdf", b"%PDF")):      # the figure: seed spread beside the arm gap
+        assert (tmp_path / "noise" / f"noise-floor.{ext}").read_bytes().startswith(magic)
 
 
+@pytest.mark.slow
 def test_reproduce_a_consistency_run_bitwise(replicate_groups):
     ws, groups = replicate_groups
     original = Path(groups["consistency"]["runs"][0]["run_dir"])
@@ -87,6 +97,7 @@ def test_reproduce_a_consistency_run_bitwise(replicate_groups):
     assert (ws / "reproductions" / f"{repro.name}.json").is_file()
 
 
+@pytest.mark.slow
 def test_compare_records_names_the_first_divergent_step_and_field(replicate_groups, tmp_path):
     _, groups = replicate_groups
     original = Path(groups["native"]["runs"][0]["run_dir"]) / "metrics.jsonl"
