@@ -43,7 +43,8 @@ from kit.model.errors import BadInput, KitError
 
 IN_TOTO_STATEMENT = "https://in-toto.io/Statement/v1"
 IN_TOTO_PREDICATE = "https://rlk-kit.dev/attestation/run-seal/v1"
-IN_TOTO_SCHEMAS = {"rlk-kit/seal/v1": "rlk-kit/in-toto-run-seal/v1", "rlk-kit/seal/v2": "rlk-kit/in-toto-run-seal/v2"}
+IN_TOTO_SCHEMAS = {"rlk-kit/seal/v1": "rlk-kit/in-toto-run-seal/v1", "rlk-kit/seal/v2": "rlk-kit/in-toto-run-seal/v2",
+                   "rlk-kit/seal/v3": "rlk-kit/in-toto-run-seal/v3"}
 # Bits whose change alters what a file is (executable, set-id, sticky); write bits only say it was made writable again.
 MEANINGFUL_MODE_BITS = 0o7111
 WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
@@ -237,6 +238,11 @@ def _cross_check(run_dir: Path, seal: dict) -> list[tuple[str, str]]:
     for name, doc in docs.items():
         if doc.get("run_id") != seal["run_id"]:
             problems.append((f"/{name}/run_id", f"{doc.get('run_id')!r}, the seal says {seal['run_id']!r}"))
+    if MANIFEST in docs and "lock_sha256" in seal:   # seal/v3: the lock is sealed as its own field
+        lock = docs[MANIFEST].get("lock")
+        named = lock.get("sha256") if isinstance(lock, dict) else None
+        if named != seal["lock_sha256"]:
+            problems.append((f"/{SEAL}/lock_sha256", f"{seal['lock_sha256']!r}, the manifest's lock.sha256 is {named!r}"))
     if MANIFEST in docs and docs[MANIFEST].get("kit_version") != seal["kit_version"]:
         problems.append((f"/{SEAL}/kit_version", f"{seal['kit_version']!r}, the manifest says {docs[MANIFEST].get('kit_version')!r}"))
     if VALIDATION in docs:
@@ -255,8 +261,10 @@ def in_toto_statement(seal: dict) -> dict:
     """The seal as an in-toto v1 Statement: the artifacts are the subjects; a signed v2 seal rides as a DSSE envelope."""
     keys = ["run_id", "sealed_at", "kit_version", "root_sha256", "manifest_sha256", "validation_passed", "gate_set_version"]
     predicate = {k: seal[k] for k in keys}
-    if seal["schema"] == "rlk-kit/seal/v2":
+    if seal["schema"] != "rlk-kit/seal/v1":
         predicate |= {"seal_sha256": seal["seal_sha256"], "validation_sha256": seal["validation_sha256"]}
+        if "lock_sha256" in seal:   # seal/v3
+            predicate["lock_sha256"] = seal["lock_sha256"]
         if seal.get("signature"):
             predicate["seal_envelope"] = dsse_envelope(seal)
     elif seal.get("signature"):

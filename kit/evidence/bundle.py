@@ -41,7 +41,7 @@ ARM_FILE = "arm.json"
 KIT_LOG = "kit.log"
 RUNS_DIR = "runs"
 ID_REGISTRY = ".ids"
-SEAL_SCHEMA = schema_id("seal", 2)
+SEAL_SCHEMA = schema_id("seal", 3)
 MANIFEST_SCHEMA = schema_id("run-manifest")
 SEAL_TMP_PREFIX = f".{SEAL}.tmp-"        # where kit versions before seal v2 staged the seal, inside the run dir
 READ_ONLY_MASK = ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) & 0o7777
@@ -208,8 +208,15 @@ def seal_sha256(seal: dict) -> str:
 
 # --- the seal ----------------------------------------------------------------------------------------------
 
+def manifest_lock_sha256(path: Path) -> str | None:
+    """The lock sha256 a run manifest names (``lock.sha256``), None when it names none."""
+    lock = read_json_file(path).get("lock")
+    return lock.get("sha256") if isinstance(lock, dict) else None
+
+
 def build_seal(run_dir: Path, *, run_id: str, validation_passed: bool, gate_set_version: str) -> dict:
-    """The v2 seal of a run dir as its files are now (modes as they will be once made read-only)."""
+    """The v3 seal of a run dir as its files are now (modes as they will be once made read-only), with the
+    lock sha256 its manifest names (run-manifest/v2 ``lock``; None for an older manifest or no lock)."""
     run_dir = Path(run_dir)
     listing = walk_run_dir(run_dir, skip=(SEAL,))
     if listing.refused:
@@ -234,6 +241,7 @@ def build_seal(run_dir: Path, *, run_id: str, validation_passed: bool, gate_set_
         "validation_sha256": hashed[VALIDATION][0],
         "validation_passed": validation_passed,
         "gate_set_version": gate_set_version,
+        "lock_sha256": manifest_lock_sha256(run_dir / MANIFEST),
     }
     seal["seal_sha256"] = seal_sha256(seal)
     return seal

@@ -188,6 +188,8 @@ def run_view(manifest: dict) -> dict:
     view["stack"] = stack_identity(manifest["stack"]["document"])
     image = manifest.get("image") or {}
     view["image"] = {"id": image.get("id")}
+    lock = manifest.get("lock")   # run-manifest/v2: a different lock, different software, however installed
+    view["lock"] = {"sha256": lock.get("sha256") if isinstance(lock, dict) else None}
     observed = _without_volatile(manifest.get("observed_identity") or {})
     if isinstance(observed.get("freeze"), list):
         observed["freeze"] = freeze_versions(observed["freeze"])
@@ -237,8 +239,8 @@ def compare_run_manifests(manifest_a: dict, manifest_b: dict) -> Comparison:
     arm_a, arm_b = manifest_a["arm"], manifest_b["arm"]
     factors, notes = declared_between(arm_a, arm_b)
     if any(f == "stack" or f.startswith("stack.") for f in factors):
-        factors = tuple(factors) + ("image", "observed")
-        notes.append("the stack is a declared factor, so the image id and the observed identity may differ with it")
+        factors = tuple(factors) + ("image", "lock", "observed")
+        notes.append("the stack is a declared factor, so the image id, the lock and the observed identity may differ with it")
     diffs = []
     for d in classify(flatten(run_view(manifest_a)), flatten(run_view(manifest_b)), tuple(factors)):
         if d.path in RUN_VOLATILE_PATHS:

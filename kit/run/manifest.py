@@ -17,7 +17,11 @@ from pathlib import Path
 from kit import __version__
 from kit.evidence import bundle as E
 from kit.evidence.environment import record_host, record_job, secret_names
+from kit.model.catalog import Catalog
 from kit.model.documents import require_valid, schema_id, sha256_of_document
+from kit.model.errors import BadInput
+from kit.model.labels import LABEL_PREFIX
+from kit.model.lock import lock_sha256
 from kit.model.engine_traits import traits
 from kit.run.inputs import input_mounts, vime_input_files
 from kit.run.request import RunRequest, inputs_given
@@ -40,6 +44,26 @@ def job_spec(plan: dict, argv: list[str], *, image_id: str | None, manifest_sha2
     return JobSpec(plan["ray_job"]["submission_id"], entry, list(argv), env, working_dir, metadata)
 
 
+def lock_record(stack_name: str, stack_sha256: str, image: dict | None) -> dict | None:
+    """Which lock the run's packages come from (run-manifest/v2 ``lock``): the image's lock label, or for a
+    run without an image the committed lock of its stack (when the kit's catalog holds that very stack and
+    exactly one lock of it); None when there is none."""
+    if image is not None:
+        labels = image.get("labels") or {}
+        sha = labels.get(f"{LABEL_PREFIX}.lock.sha256")
+        return {"sha256": sha, "stack": stack_name, "platform": labels.get(f"{LABEL_PREFIX}.platform") or "unknown",
+                "source": "image-label"} if sha else None
+    catalog = Catalog.default()
+    locks = [(platform, doc) for (stack, platform), (doc, _) in catalog.lock_docs.items() if stack == stack_name]
+    try:
+        same_stack = catalog.stack(stack_name).sha256 == stack_sha256
+    except BadInput:
+        same_stack = False
+    if len(locks) != 1 or not same_stack:
+        return None
+    return {"sha256": lock_sha256(locks[0][1]), "stack": stack_name, "platform": locks[0][0], "source": "committed-lock"}
+
+
 def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job: dict, env_host: dict,
                    inputs: dict, repository: dict, allow_dirty: bool, runtime_kind: str,
                    submits_ray_job: bool) -> dict:
@@ -51,7 +75,7 @@ def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job
     ray_job["entrypoint"] = shlex.join(argv)
     ray_job["runtime_env"] = {**ray_job["runtime_env"], "env_vars": record_job(env_job)}
     return {
-        "schema": schema_id("run-manifest"),
+        "schema": schema_id("run-manifest", 2),
         "run_id": plan["run_id"],
         "created_at": E.utc_now(),
         "kit_version": __version__,
@@ -60,6 +84,7 @@ def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job
         "stack": {"name": arm.stack.name, "sha256": arm.stack.sha256, "document": arm.stack.document},
         "runtime": described["runtime"] | {"kind": runtime_kind},
         "image": described.get("image"),
+        "lock": lock_record(arm.stack.name, arm.stack.sha256, described.get("image")),
         "observed_identity": described.get("observed_identity"),
         "identity_differences": [list(d) for d in described.get("identity_differences", [])],
         "host": described["host"],
