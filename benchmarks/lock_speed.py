@@ -1,7 +1,7 @@
 """`kit lock` of the full CUDA stack against plain `uv pip compile` of the same inputs, side by side.
 
 Both resolve vime-g11's cuda pins (torch 2.9.1, vLLM 0.16.0, ray[default] 2.57.0, TE 2.11.0 …) for
-Python 3.11.15 / x86_64-manylinux_2_28 against the same index with uv's cache warm (one untimed
+Python 3.11.15 / x86_64-manylinux_2_35 (the platform's target) against the same index with uv's cache warm (one untimed
 run each first), alternating. Rows: the baseline (`uv pip compile --generate-hashes`, requirements
 format), `kit lock --check` as a user runs it (a fresh process: CLI start, resolve to pylock,
 parse, rules, drift against the committed lock). Goal: kit ≤ 1.5 × the baseline.
