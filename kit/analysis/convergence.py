@@ -17,6 +17,7 @@ from kit.analysis.comparability import assess
 from kit.analysis.stats import exact_mean
 from kit.analysis.table import manifest_arm, manifest_workload
 from kit.engines.vime import keys
+from kit.engines.vime.records import is_finite_number
 from kit.evidence.compare import ARM_FIELDS_NOT_COMPARED, classify, compare_run_manifests, flatten
 from kit.model.documents import read_json_file
 from kit.model.errors import BadInput
@@ -162,7 +163,7 @@ def round_rows(arm, identity: dict) -> list[dict]:
                     "operator_case": case})
         for col, candidates in ROUND_KEYS.items():
             value = next((rec.value(k) for k in candidates if rec.value(k) is not None), None)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if not is_finite_number(value):      # junk types, nan and inf are missing values
                 value = None
             elif col in PER_SAMPLE_MEANS:
                 value = float(value) * arm.global_batch_size

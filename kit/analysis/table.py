@@ -14,6 +14,7 @@ size comes from ``train/global_batch_size`` in the step records. Example::
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,8 @@ from kit.model.errors import BadInput
 RUN_LOG = "run.log"
 MANIFEST = "manifest.json"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# No metric comes near this; a larger value (1e308, 10**400) would overflow the sums and means into inf.
+MAX_ABS_VALUE = 1e100
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,7 @@ def load_arm(path: Path | str, name: str | None = None, global_batch_size: int |
             manifest = read_json_file(path / MANIFEST)
             if not isinstance(manifest, dict):
                 raise BadInput(f"{path / MANIFEST}: expected a JSON object")
+            _refuse_unreadable_fields(path / MANIFEST, manifest)
     else:
         log_path = path
 
@@ -160,6 +164,7 @@ def load_arm(path: Path | str, name: str | None = None, global_batch_size: int |
                        "like \"step 0: {'train/loss': 0.5}\"")
     if not steps:
         raise BadInput(f"{log_path}: no VIME records (lines like \"step 0: {{'train/loss': ...}}\")")
+    _refuse_out_of_range(log_path, steps)
 
     workload = manifest_workload(manifest) if manifest else {}
     gbs, origin = _global_batch_size(log_path, steps, workload, global_batch_size)
@@ -176,6 +181,41 @@ def load_arm(path: Path | str, name: str | None = None, global_batch_size: int |
     evidence = _evidence_problems(run_dir, manifest) if run_dir is not None else ()
     return ArmLog(name, log_path, run_dir, manifest, gbs, origin, max_len, steps, per_step, tuple(notes),
                   tuple(unparseable), evidence)
+
+
+def _refuse_out_of_range(log_path: Path, steps) -> None:
+    """BadInput naming the line and key of the first number no metric can have (nan and inf are read as missing)."""
+    for step, rec in steps.items():
+        for slot, payload in rec.payloads.items():
+            for key, value in (payload or {}).items():
+                if not _out_of_range(value):
+                    continue
+                shown = repr(value) if len(repr(value)) <= 24 else repr(value)[:20] + "..."
+                raise BadInput(f"{log_path}:{rec.line_numbers.get(slot, '?')}: {key} = {shown} (step {step}) is out of "
+                               f"range: a metric's magnitude must be at most {MAX_ABS_VALUE:g}; nan and inf are "
+                               "read as missing")
+
+
+# The parts of a kit-written manifest the analysis reads: a wrong type there is bad input (exit 2); a
+# problem elsewhere (a missing host, say) only makes the run no evidence (evidence_problems).
+READ_FIELDS = ("/run_id", "/arm/name", "/arm/workload", "/arm/topology", "/arm/operators", "/stack", "/inputs",
+               "/kit_version")
+
+
+def _refuse_unreadable_fields(path: Path, manifest: dict) -> None:
+    if manifest.get("schema") != "rlk-kit/run-manifest/v1":
+        return                            # not a kit manifest: its fields are read with care, one by one
+    for pointer, message in schema_problems(manifest, "run-manifest"):
+        if pointer.startswith(READ_FIELDS):
+            raise BadInput(f"{path}{pointer}: {message}; kit analyze reads this field of a run manifest")
+
+
+def _out_of_range(value) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False                      # junk types are read as missing
+    if isinstance(value, float) and not math.isfinite(value):
+        return False                      # nan and inf too: a diverged loss is a fact of the run
+    return abs(value) > MAX_ABS_VALUE     # exact for ints of any size
 
 
 def _evidence_problems(run_dir: Path, manifest: dict | None) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ from kit.evidence.signing import load_private_key, sign_seal
 from kit.model.documents import (dumps_pretty, read_json_file, replace_document, require_valid, schema_id,
                                  schema_problems, sha256_of_document, write_new_document)
 from kit.model.errors import BadInput, CheckFailed, KitError
+from kit.model.holds import hold
 
 SEAL = "seal.json"
 MANIFEST = "manifest.json"
@@ -105,6 +106,20 @@ def run_id_in_use(workspace: Path, run_id: str) -> str | None:
             if hit.is_dir():
                 return str(hit)
     return None
+
+
+def check_runs_writable(workspace: Path) -> None:
+    """BadInput (exit 2) naming ``<workspace>/runs`` when a run dir could not be written there (read-only
+    permissions or mount, a file in the way), before a run starts anything."""
+    runs = Path(workspace) / RUNS_DIR
+    probe = runs / f".writable-{os.getpid()}"
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        raise BadInput(f"{runs}: cannot write a run dir there ({exc.strerror or exc}); nothing was started and "
+                       "no run id used: give a writable --workspace") from None
 
 
 def create_run_dir(workspace: Path, run_id: str) -> Path:
@@ -272,6 +287,7 @@ def seal_run_dir(run_dir: Path, *, run_id: str, validation_passed: bool, gate_se
             fh.write(dumps_pretty(seal).encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
+        hold("sealing")        # tests: the files are read-only, the seal is written but not yet in place
         try:
             tmp.chmod(0o444)
             os.link(tmp, run_dir / SEAL)

@@ -23,6 +23,7 @@ from kit.engines import get_engine
 from kit.model.documents import sha256_of_file
 from kit.model.engine_traits import traits
 from kit.model.errors import BadInput
+from kit.model.holds import hold
 from kit.model.workspace import Workspace
 from kit.run.finalize import finish_run, run_ending, status_document, timing
 from kit.run.inputs import check_pinned_inputs, file_inputs, input_mounts, vime_input_files
@@ -31,6 +32,7 @@ from kit.run.logs import Progress, RunLogs, SignalFlag
 from kit.run.manifest import build_manifest, dry_run_document, header_line, job_spec, repository_state
 from kit.run.request import RunOutcome, RunRequest, check_request, plan_for
 from kit.runtimes import RayJobRuntime, make_runtime
+from kit.runtimes.leases import Lease, reap_stale
 
 __all__ = ["RunRequest", "RunOutcome", "execute"]
 
@@ -58,22 +60,35 @@ def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callabl
     files = vime_input_files(request) if traits(request.arm.engine).uses_input_files else {}
     if files:
         check_pinned_inputs(request, files, progress)
-    runtime = make_runtime(request.runtime, arm=request.arm, image=request.image, workspace=workspace, run_id=run_id,
-                           ray_address=request.ray_address, network=request.network, ray_head=request.ray_head,
-                           input_mounts=input_mounts(files) if files else None)
+    E.check_runs_writable(workspace)     # before anything is started: a read-only run root is one line
+    for dead_run, stopped in reap_stale(workspace):
+        log(f"run {dead_run} was killed and left {', '.join(stopped) or 'nothing running'}: stopped")
     started = time.monotonic()
     with SignalFlag() as signals:
+        # what preflight starts is recorded in the lease first, so even SIGKILL leaves it named for the next command
+        lease = Lease.take(workspace, run_id)
         try:
-            log(f"preflight ({request.runtime})")
-            runtime.preflight()
-            if signals.received:
-                return RunOutcome(run_id, None, "interrupted", message="interrupted during preflight; nothing was started")
-            described = runtime.describe()
-            run_dir = E.create_run_dir(workspace, run_id)
-            return _run_in_dir(request, plan, runtime, described, run_dir, repo, signals, started, progress, log, files,
-                               private_key)
+            runtime = make_runtime(request.runtime, arm=request.arm, image=request.image, workspace=workspace,
+                                   run_id=run_id, ray_address=request.ray_address, network=request.network,
+                                   ray_head=request.ray_head, input_mounts=input_mounts(files) if files else None)
+            runtime.lease = lease
+            try:
+                log(f"preflight ({request.runtime})")
+                hold("preflight")
+                runtime.preflight()
+                if signals.received:
+                    return RunOutcome(run_id, None, "interrupted", message="interrupted during preflight; nothing was started")
+                described = runtime.describe()
+                run_dir = E.create_run_dir(workspace, run_id)
+                hold("run-dir")
+                outcome = _run_in_dir(request, plan, runtime, described, run_dir, repo, signals, started, progress, log,
+                                      files, private_key)
+                hold("sealed")
+                return outcome
+            finally:
+                runtime.close()
         finally:
-            runtime.close()
+            lease.release()
 
 
 def submits_ray_job(runtime) -> bool:
@@ -136,6 +151,7 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
         logs.kit_event(f"error: {message}")
     finally:
         workload_s = time.monotonic() - workload_started
+        hold("logs")
         logs.close_run_log()
         _stop_monitors(monitors, logs)
         if status == "interrupted":
@@ -159,6 +175,7 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
 def _stop_monitors(monitors: Monitors, logs: RunLogs) -> None:
     """Stop the samplers; a monitor's failure is noted in kit.log and never fails the run."""
     try:
+        hold("monitors")
         doc = monitors.stop()
         logs.kit_event("monitors: " + ", ".join(f"{s['name']} {s['status']}" for s in doc["samplers"]))
     except Exception as exc:

@@ -17,6 +17,7 @@ from kit.evidence.redact import Redactor
 from kit.gates.engine import GATE_SET_VERSION, evaluate
 from kit.gates.rules import RunEvidence
 from kit.model.documents import schema_id
+from kit.model.holds import hold
 from kit.run.logs import RunLogs
 from kit.run.manifest import metrics_lines
 from kit.run.request import RunOutcome
@@ -44,8 +45,10 @@ def finish_run(run_dir: Path, logs: RunLogs, *, run_id, arm_doc, inputs, status,
     E.write_new_text(run_dir, E.METRICS, metrics_lines(parse_records(logs.engine_lines)))
     ev = RunEvidence(arm=arm_doc, job_status=job_status or "", engine_lines=logs.engine_lines, inputs=inputs,
                      readbacks=tuple(read_readbacks(run_dir)))
+    hold("validation")
     report = evaluate(ev, run_id=run_id)
     E.write_document(run_dir, E.VALIDATION, report)
+    hold("status")
     if status == "succeeded" and not report["passed"]:
         message = "gates failed: " + ", ".join(g["id"] for g in report["gates"] if g["status"] == "failed")
     logs.kit_event(f"status {status}" + (f": {message}" if message else ""))

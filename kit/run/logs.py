@@ -16,6 +16,7 @@ from kit.engines.vime.records import parse_records
 from kit.evidence import bundle as E
 from kit.evidence.redact import Redactor
 from kit.gates.rules import MISMATCH_KEY, mismatch_count, step_global_batch_size
+from kit.model.holds import hold
 from kit.model.progress import ProgressLine
 
 
@@ -95,6 +96,8 @@ class RunLogs:
         self.run_log.flush()
         for rec in parse_records([line]):
             self.bar.record(rec)
+            if rec.kind == "step":
+                hold("workload")      # tests: a signal in the middle of the job's steps
 
     def close_run_log(self) -> None:
         self.bar.finish()

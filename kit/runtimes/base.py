@@ -16,6 +16,7 @@ from typing import Callable
 from kit.adapters.gpus import list_gpus
 from kit.adapters.ray import RayJob
 from kit.model.errors import BadInput
+from kit.runtimes.leases import Lease
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class JobSpec:
 class Runtime:
     kind = "abstract"
     address: str | None = None       # where its jobs run, when that is a Ray cluster
+    lease: Lease = Lease.none()      # kit run gives each run its own: what preflight starts is recorded first
 
     def preflight(self) -> None:
         """Check (and for container runtimes start) where the job will run; raise on any mismatch."""

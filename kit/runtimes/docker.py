@@ -33,6 +33,7 @@ from kit.build.lookup import image_for_arm
 from kit.build.images import check_image, probe_differences
 from kit.model.documents import parse_json_bytes, require_valid
 from kit.model.errors import BadInput, CheckFailed
+from kit.model.holds import hold
 from kit.runtimes.base import JobSpec, RayJobRuntime, free_port, gpu_info, host_info
 
 CONTAINER_DASHBOARD_PORT = 8265
@@ -155,7 +156,9 @@ class DockerRuntime(RayJobRuntime):
                                  for k, v in run_kwargs.items() if k not in ("environment",)}
         self.options_recorded["ulimits"] = [repr(u) for u in opts.get("ulimits", [])]
         self.options_recorded["device_requests"] = [repr(d) for d in opts.get("device_requests", [])]
+        self.lease.add({"kind": "container", "name": run_kwargs["name"], "what": "the run's container"})
         self.container = self.client.containers.run(**run_kwargs)
+        hold("container")
         self.address = f"http://127.0.0.1:{host_port}"
 
     def _exec(self, cmd: list[str], env: dict | None = None) -> tuple[int, str, str]:

@@ -24,10 +24,12 @@ import time
 from pathlib import Path
 
 from kit.model.engine_traits import traits
+from kit.model.holds import hold
 from kit.model.errors import BadInput, CheckFailed
 from kit.runtimes.base import free_port
 from kit.runtimes.ray import RayRuntime
 from kit.build.probe import identity_differences
+from kit.runtimes.leases import marked_pids, stop_pids
 
 
 def ray_start_command(temp_dir: str, dashboard_port: int, num_cpus: int) -> list[str]:
@@ -67,6 +69,7 @@ class LocalRayRuntime(RayRuntime):
                          python=sys.executable)
         self.head: subprocess.Popen | None = None
         self.differences: list = []
+        self.marker = f"RAY_TMPDIR={self.temp_dir}"
 
     def preflight(self) -> None:
         env = local_no_proxy({**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": self.temp_dir,
@@ -74,9 +77,13 @@ class LocalRayRuntime(RayRuntime):
         env.pop("RAY_ADDRESS", None)
         os.environ.update({k: env[k] for k in ("NO_PROXY", "no_proxy")})   # the kit's own calls to the head too
         head_log = Path(self.temp_dir) / "kit-ray-head.log"
+        # every process under the head inherits RAY_TMPDIR, whatever group or session it moves to
+        self.lease.add({"kind": "processes", "marker": self.marker, "what": "the local Ray head"})
+        self.lease.add({"kind": "temp-dir", "path": self.temp_dir, "what": "the local Ray head's temp dir"})
         with open(head_log, "wb") as out:
             self.head = subprocess.Popen(self.start_command, env=env, start_new_session=True,
                                          stdout=out, stderr=subprocess.STDOUT)
+        hold("ray-head")
         deadline = time.monotonic() + 120
         while True:
             if self.head.poll() is not None:
@@ -120,4 +127,6 @@ class LocalRayRuntime(RayRuntime):
                     break
                 except subprocess.TimeoutExpired:
                     continue
+        # the job's driver and actors run in groups and sessions of their own: stop any the head left
+        stop_pids(marked_pids(self.marker))
         shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -27,6 +27,7 @@ from kit.run.doctor.context import (DOCTOR_SCHEMA, FAIL, PASS, SKIP, ArmSpec, Ch
 from kit.run.doctor.host import (check_arm_image, judge_docker, judge_gpu_runtime, judge_gpus, judge_ray,
                                  judge_space, observe_ray)
 from kit.run.doctor.inputs import check_checkpoint, check_model, check_prompt_data
+from kit.runtimes.leases import reap_stale
 
 # what callers and tests use; the rules themselves live in context.py, host.py and inputs.py
 __all__ = ["DOCTOR_SCHEMA", "FAIL", "PASS", "SKIP", "ArmSpec", "Check", "Context", "Gpu", "Report", "check_arm_image",
@@ -67,7 +68,19 @@ def _ray_checks(ctx: Context) -> list[Check]:
     return [judge_ray(ctx.arm, address, observe_ray(address) if address else None)]
 
 
+def _leftover_checks(ctx: Context) -> list[Check]:
+    """Runs killed with SIGKILL leave a lease naming what they started: doctor stops it (as kit run does)."""
+    if ctx.workspace is None:
+        return [Check("runs.leftovers", SKIP, "no workspace")]
+    reaped = reap_stale(ctx.workspace)
+    if not reaped:
+        return [Check("runs.leftovers", PASS, "no killed run left anything running")]
+    return [Check("runs.leftovers", PASS, "stopped what killed runs left: " + "; ".join(
+        f"{run}: {', '.join(stopped) or 'nothing still running'}" for run, stopped in reaped))]
+
+
 CHECKS: tuple[tuple[str, Callable[[Context], list[Check]]], ...] = (
+    ("leftovers", _leftover_checks),
     ("docker", _docker_checks),
     ("gpu", _gpu_checks),
     ("space", _space_checks),

@@ -1,0 +1,175 @@
+"""Leases: what a run started (a Ray head and every process under it, a container, a temp dir),
+recorded in ``<workspace>/leases/<run-id>.json`` (``rlk-kit/run-lease/v1``) *before* it is started.
+
+A run that ends, even by Ctrl-C or SIGTERM, stops what it started and removes its lease. A run
+killed with SIGKILL cannot: its lease stays, naming a dead owner, and the next ``kit run`` or
+``kit doctor`` in the workspace stops what the lease names and removes it. Processes are found by
+a marker in their environment (every process a Ray head starts inherits it, whatever process group
+or session it moved to), containers by name. Example::
+
+    lease = Lease.take(Path("ws"), "r1")                     # ws/leases/r1.json, owner: this process
+    lease.add({"kind": "processes", "marker": "RAY_TMPDIR=/tmp/rlk-ray-x", "what": "the local Ray head"})
+    ...                                                      # start it
+    lease.release()                                          # stops leftovers, removes the file
+    reap_stale(Path("ws"))                                   # what dead runs' leases named, now stopped
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import time
+from pathlib import Path
+
+from kit.adapters import docker as dockerdoor
+from kit.model.documents import read_json_file, replace_document, schema_id
+from kit.model.errors import KitError
+
+LEASES_DIR = "leases"
+# set in the kit's environment while a run holds its lease: every process it starts on the host inherits it
+LEASE_ENV = "RLK_KIT_LEASE"
+LEASE_SCHEMA = schema_id("run-lease")
+TEMP_PREFIX = "/tmp/rlk-ray-"        # the only temp dirs a lease may remove
+GRACE_S = 10.0
+
+
+def process_start(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` in clock ticks (tells a live owner from a reused pid)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Every process whose environment holds the entry ``marker`` (``NAME=value``), this one excepted."""
+    entry = marker.encode()
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            env = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if entry in env.split(b"\0"):
+            out.append(int(proc.name))
+    return out
+
+
+def stop_pids(pids: list[int], grace_s: float = GRACE_S) -> int:
+    """SIGTERM, then SIGKILL what is left after ``grace_s``; returns how many were alive."""
+    alive = [p for p in pids if _signal(p, signal.SIGTERM)]
+    started = len(alive)
+    deadline = time.monotonic() + grace_s
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if process_start(p) is not None and not _zombie(p)]
+    for p in alive:
+        _signal(p, signal.SIGKILL)
+    return started
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+class Lease:
+    """One run's record of what it started; ``Lease.none()`` keeps it in memory only (tests, attach)."""
+
+    def __init__(self, path: Path | None, doc: dict):
+        self.path, self.doc = path, doc
+
+    @classmethod
+    def none(cls) -> "Lease":
+        return cls(None, {"resources": []})
+
+    @classmethod
+    def take(cls, workspace: Path, run_id: str) -> "Lease":
+        """The run's lease, written before anything starts; from now on every child process carries its marker."""
+        marker = f"{run_id}.{os.getpid()}"
+        doc = {"schema": LEASE_SCHEMA, "run_id": run_id, "host": socket.gethostname(),
+               "owner": {"pid": os.getpid(), "start": process_start(os.getpid())},
+               "resources": [{"kind": "processes", "marker": f"{LEASE_ENV}={marker}",
+                              "what": "the processes the run started on this host"}]}
+        path = Path(workspace) / LEASES_DIR / f"{run_id}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_document(path, doc, expected="run-lease")
+        os.environ[LEASE_ENV] = marker
+        return cls(path, doc)
+
+    def add(self, resource: dict) -> None:
+        """Record a resource before starting it, so a kill in between still leaves it named."""
+        self.doc["resources"].append(resource)
+        if self.path is not None:
+            replace_document(self.path, self.doc, expected="run-lease")
+
+    def release(self) -> list[str]:
+        """Stop whatever the run's resources left running; remove the lease. Returns what was stopped."""
+        stopped = stop_resources(self.doc["resources"])
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+            if os.environ.get(LEASE_ENV) == self.doc["resources"][0]["marker"].split("=", 1)[1]:
+                os.environ.pop(LEASE_ENV, None)
+        return stopped
+
+
+def stop_resources(resources: list[dict]) -> list[str]:
+    """Stop each resource a lease names (never raises: one that cannot be stopped is said so)."""
+    done = []
+    for res in resources:
+        try:
+            if res["kind"] == "processes":
+                n = stop_pids(marked_pids(res["marker"]))
+                if n:
+                    done.append(f"{n} process(es) of {res['what']}")
+            elif res["kind"] == "container":
+                if _remove_container(res["name"]):
+                    done.append(f"container {res['name']}")
+            elif res["kind"] == "temp-dir" and res["path"].startswith(TEMP_PREFIX) and os.path.isdir(res["path"]):
+                shutil.rmtree(res["path"], ignore_errors=True)
+                done.append(f"temp dir {res['path']}")
+        except (OSError, KitError, KeyError) as exc:
+            done.append(f"could not stop {res.get('kind')} {res.get('name') or res.get('marker')}: {exc}")
+    return done
+
+
+def _remove_container(name: str) -> bool:
+    try:
+        container = dockerdoor.engine().containers.get(name)
+    except KitError:
+        return False      # no engine answers: nothing of ours can run there
+    except Exception:     # docker's NotFound: already gone
+        return False
+    container.remove(force=True)
+    return True
+
+
+def reap_stale(workspace: Path) -> list[tuple[str, list[str]]]:
+    """Stop what the leases of dead runs on this host name, and remove them: ``[(run_id, stopped), ...]``."""
+    folder = Path(workspace) / LEASES_DIR
+    out = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            doc = read_json_file(path)
+            owner, host = doc["owner"], doc["host"]
+        except (KitError, KeyError, TypeError):
+            continue        # not a lease this kit wrote: left alone
+        if host != socket.gethostname() or process_start(owner["pid"]) == owner["start"]:
+            continue        # another host's run, or a run still going
+        out.append((str(doc.get("run_id")), Lease(path, doc).release()))
+    return out
