@@ -8,6 +8,8 @@ from pathlib import Path
 import click
 
 from kit.cli._output import emit_json
+from kit.model.documents import dumps_pretty, require_valid
+from kit.run.replicates import parse_seeds, plan_seeded_suites, run_seeded_suites
 from kit.cli.run import default_workspace
 from kit.run.attribution import render_table
 from kit.run.suite import SuiteRequest, plan_module_suite, run_module_suite
@@ -45,10 +47,14 @@ def command(ctx, as_json):
 @click.option("--allow-dirty", is_flag=True, help="Run from a kit checkout with uncommitted changes (recorded in each manifest).")
 @click.option("--sign-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="ed25519 private key that signs each run's seal.")
+@click.option("--seeds", metavar="S1,S2,...",
+              help="Replicates: the whole suite once per seed (suite ids <suite-id>-s<seed>, every arm's workload and "
+                   "rollout seed set to it), each arm's runs grouped in <workspace>/groups/<suite-id>-<arm lower>.json.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print only the rlk-kit/suite-summary/v1 document, no progress (also `kit suite --json module`).")
+              help="Print only the rlk-kit/suite-summary/v1 document, no progress (also `kit suite --json module`); "
+                   "with --seeds a JSON array of them, one per seed.")
 @click.pass_context
-def module(ctx, suite_id, rollouts, stack, runtime, image, ray_address, workspace, allow_dirty, sign_key, as_json):
+def module(ctx, suite_id, rollouts, stack, runtime, image, ray_address, workspace, allow_dirty, sign_key, seeds, as_json):
     """Run the module matrix M000, M100, M010, M001, M110, M101, M011, M111 and attribute mismatches.
 
     Each arm runs through kit run (same manifest, gates and seal) as run
@@ -76,6 +82,7 @@ def module(ctx, suite_id, rollouts, stack, runtime, image, ray_address, workspac
       kit suite module --suite-id m4 --rollouts 2 --stack smoke --json     # only the summary document
       kit suite module --suite-id m2 --rollouts 8 --stack vime-current --runtime docker
       kit suite module --suite-id m3 --rollouts 8 --stack vime-current --runtime ray --ray-address http://head:8265
+      kit suite module --suite-id m5 --rollouts 2 --stack smoke --seeds 1,2,3   # three suites, 8 groups
       kit verify .workspace/runs/m1-smoke-m111
     """
     as_json = as_json or bool((ctx.obj or {}).get("json"))
@@ -83,13 +90,35 @@ def module(ctx, suite_id, rollouts, stack, runtime, image, ray_address, workspac
     request = SuiteRequest(suite_id=suite_id, rollouts=rollouts, workspace=workspace or default_workspace(), stack=stack,
                            runtime=runtime, image=image, ray_address=ray_address, allow_dirty=allow_dirty,
                            sign_key=sign_key)
-    plan = plan_module_suite(request)
     log = (lambda s: None) if as_json else (lambda s: click.echo(f"kit: {s}", err=True))
+    if seeds is not None:
+        _seeded(request, parse_seeds(seeds), as_json, log)
+        return
+    plan = plan_module_suite(request)
     summary, code = run_module_suite(plan, progress=None if as_json else sys.stderr, log=log)
     if as_json:
         emit_json(summary)
     else:
         click.echo(render_table(summary))
         click.echo(f"summary: {plan.suite_dir / 'summary.json'}")
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+def _seeded(request: SuiteRequest, seeds: list[int], as_json: bool, log) -> None:
+    """kit suite module --seeds: every seed's suite planned (and refused) before the first runs."""
+    plans = plan_seeded_suites(request, seeds, plan_module_suite)
+    summaries, code = run_seeded_suites(request.suite_id, plans, seeds, run_module_suite,
+                                        progress=None if as_json else sys.stderr, log=log)
+    if as_json:
+        for summary in summaries:
+            require_valid(summary, "output document")
+        click.echo(dumps_pretty(summaries), nl=False)
+    else:
+        for plan, summary in zip(plans, summaries):
+            click.echo(render_table(summary))
+            click.echo(f"summary: {plan.suite_dir / 'summary.json'}")
+        groups = plans[0].workspace / "groups"
+        click.echo(f"groups: {groups}/{request.suite_id}-<arm>.json (kit analyze replicates takes them)")
     if code:
         raise click.exceptions.Exit(code)

@@ -9,6 +9,10 @@ Example::
     seeds = parse_seeds("1,2,3")
     group = run_replicates(request, seeds, execute)     # kit run --arm smoke --seeds 1,2,3
     [r["run_dir"] for r in group["runs"]]
+
+``kit suite module --seeds`` runs one whole module suite per seed (suite ids ``<suite-id>-s<seed>``)
+and keeps one group per arm (``<suite-id>-<arm lower>``) over the seeds: ``plan_seeded_suites`` and
+``run_seeded_suites``.
 """
 
 from __future__ import annotations
@@ -87,3 +91,56 @@ def group_runs(path: Path) -> tuple[list[Path], list[str]]:
     skipped = [f"{path}: seed {r['seed']} ({r['run_id']}) left out: {r['status']}, not sealed"
                for r in doc.get("runs", []) if not r.get("sealed")]
     return [Path(r["run_dir"]) for r in runs if r.get("sealed")], skipped
+
+
+# --- kit suite --seeds: one module suite per seed, one group per arm ------------------------------------
+
+def plan_seeded_suites(request, seeds: list[int], plan_suite) -> list:
+    """One suite plan per seed, all checked before anything runs: suite id ``<suite-id>-s<seed>``, every
+    arm seeded (``seeded``); ``plan_suite`` is kit.run.suite.plan_module_suite. A group of the same
+    name (``<suite-id>-<arm lower>``) already in the workspace is refused too."""
+    plans = []
+    for seed in seeds:
+        plan = plan_suite(dataclasses.replace(request, suite_id=f"{request.suite_id}-s{seed}"))
+        specs = tuple(dataclasses.replace(s, arm=seeded(s.arm, seed)) for s in plan.specs)
+        plans.append(dataclasses.replace(plan, specs=specs))
+    for spec in plans[0].specs:
+        path = plans[0].workspace / GROUPS / f"{suite_group_id(request.suite_id, spec.name)}.json"
+        if path.exists():
+            raise BadInput(f"--suite-id {request.suite_id}: group {path} already exists; pick a new suite id")
+    return plans
+
+
+def suite_group_id(suite_id: str, arm_name: str) -> str:
+    """``suite_group_id("t1", "smoke-M100") == "t1-smoke-m100"``: one arm's runs over the seeds."""
+    return f"{suite_id}-{arm_name.lower()}"
+
+
+def run_seeded_suites(suite_id: str, plans: list, seeds: list[int], run_suite, **kwargs) -> tuple[list[dict], int]:
+    """Run the plans seed by seed through ``run_suite`` (kit.run.suite.run_module_suite); after each, add
+    every arm's run to its group document. Returns the suite summaries and the exit code (130 when a
+    suite was interrupted: the next seeds do not run; else 1 when any suite failed; else 0)."""
+    workspace = plans[0].workspace
+    (workspace / GROUPS).mkdir(parents=True, exist_ok=True)
+    groups = {}
+    for spec in plans[0].specs:
+        doc = {"schema": SCHEMA, "group": suite_group_id(suite_id, spec.name), "arm": spec.name,
+               "seeds": list(seeds), "runs": []}
+        write_new_document(workspace / GROUPS / f"{doc['group']}.json", doc, expected=SCHEMA)
+        groups[spec.name] = doc
+    summaries, code = [], 0
+    for seed, plan in zip(seeds, plans):
+        summary, exit_code = run_suite(plan, **kwargs)
+        summaries.append(summary)
+        for entry in summary["arms"]:
+            if entry["verdict"] == "not_run":
+                continue
+            doc = groups[entry["arm"]]
+            doc["runs"].append({"seed": seed, "run_id": entry["run_id"], "run_dir": entry["run_dir"],
+                                "status": entry["run_status"] or "failed", "sealed": entry["sealed"],
+                                "exit_code": {"passed": 0, "interrupted": 130}.get(entry["verdict"], 1)})
+            replace_document(workspace / GROUPS / f"{doc['group']}.json", doc, expected=SCHEMA)
+        if summary["interrupted"]:
+            return summaries, 130
+        code = code or (1 if exit_code else 0)
+    return summaries, code
