@@ -174,8 +174,8 @@ def _check(path: Path, entry: dict, pkg: dict, cache: StatCache, progress) -> No
     found = cache.sha256(path, progress)
     if found != entry["sha256"]:
         raise CheckFailed(f"{path}: sha256 {found} is not the {entry['sha256']} the lock pins for "
-                          f"{pkg['name']} {pkg['version']}; restore the file or remove it (it is downloaded "
-                          "again by its hash)")
+                          f"{pkg['name']} {pkg['version']}: one of the two changed; restore the file or the lock "
+                          "(a removed file is downloaded again by its hash)")
 
 
 def _download(missing: list[dict], lock: dict, directory: Path, progress) -> None:
