@@ -54,8 +54,8 @@ def observed_identity(stack: dict | None = None, *, source_roots: dict[str, Path
     roots = _source_roots(names_from, source_roots)
     doc = {
         "schema": "rlk-kit/probe/v1",
-        "observed_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "hostname": socket.gethostname(),
+        "observed_at": _observed_at(),
+        "hostname": "" if os.environ.get("SOURCE_DATE_EPOCH") else socket.gethostname(),
         "kit_version": __version__,
         "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
                    "executable": sys.executable},
@@ -150,6 +150,15 @@ def _embedded_stack() -> dict | None:
         return json.loads(Path(STACK_PATH).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def _observed_at() -> str:
+    """Now; in a reproducible build step (SOURCE_DATE_EPOCH set, as the kit's Dockerfiles set it for
+    the probe they bake in) the build's epoch instead, and no host name: the build container's name
+    is random, and both would make the image's bytes depend on when and where it was built."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = datetime.fromtimestamp(int(epoch), tz=timezone.utc) if epoch and epoch.isdigit() else datetime.now(timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _source_roots(stack: dict | None, given: dict[str, Path | str] | None) -> dict[str, Path | str]:

@@ -41,8 +41,9 @@ def check_reproducible(make_plan, first, *, workspace: Path, client, nocache: bo
     second = None
     try:
         plan = make_plan(scratch)
+        # The arm is a parameter of the provenance (its label is in the config): the same as the first's.
         second = build_image(plan, workspace=scratch, client=client, nocache=nocache, progress=progress,
-                             load_tag=check_tag, keep_layers=True, write_record=False)
+                             arm=first.record.get("arm"), load_tag=check_tag, keep_layers=True, write_record=False)
     finally:
         os.umask(old_umask)
         os.environ.pop("TZ") if old_tz is None else os.environ.__setitem__("TZ", old_tz)
@@ -54,13 +55,22 @@ def check_reproducible(make_plan, first, *, workspace: Path, client, nocache: bo
             mine = first.normalized
             if mine is None or not all(layer.get("file") or layer["from_base"] for layer in mine.layers):
                 mine = _saved_layers(client, first, scratch / "first")
-            report["difference"] = layer_differences(mine, second.normalized)
+            report["difference"] = layer_differences(mine, second.normalized) or _label_differences(
+                client.images.get(first.image_id).labels or {}, client.images.get(check_tag).labels or {})
         return report
     finally:
         client.images.remove(check_tag, noprune=True)
         shutil.rmtree(scratch, ignore_errors=True)
         if first.normalized is not None:   # the first build's kept layer tars: compared, no longer needed
             shutil.rmtree(first.normalized.directory, ignore_errors=True)
+
+
+def _label_differences(first: dict, second: dict) -> dict:
+    """Every layer equal, other ids: the configs differ; name the labels that do (the provenance
+    label differs whenever the two statements do)."""
+    keys = sorted(k for k in set(first) | set(second) if first.get(k) != second.get(k))
+    return {"layer": None, "first": None, "second": None, "files": [],
+            "note": "every layer is equal; the image configs differ" + (f", in labels {', '.join(keys)}" if keys else "")}
 
 
 def _saved_layers(client, result, directory: Path) -> NormalizedImage:

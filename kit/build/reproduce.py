@@ -11,6 +11,30 @@ load`` of these bytes gives the same image id on any engine that keeps the confi
     image = normalize_image(client, built_id, tag="rlk-kit/smoke:cpu-…", epoch=1704067200,
                             base_diff_ids=base_layers, workdir=Path(".workspace/tmp/x"))
     image.image_id, [layer["diff_id"] for layer in image.layers]
+
+The stable entry points (other platforms build through them; their signatures do not change):
+``kit.build.images.build_image(plan, …)`` (reproducible by default), which calls
+``kit.build.repro_build.write_reproducible`` (this module's :func:`normalize_image` plus the
+provenance), and ``check_reproducible`` for ``--check-reproducible``.
+
+A multi-GB layer set (the CUDA image) goes through unchanged; what to know:
+
+* Memory stays flat: the engine's save stream is read once, in 1 MiB chunks, each layer rewritten
+  as it passes. Disk: ``<workspace>/tmp/layers-<tag>/`` holds every layer the build added
+  (uncompressed, the base's layers excluded) until the load; ``keep``/``--check-reproducible``
+  keep the first build's tars until the comparison, so plan for twice the added bytes there.
+* Time grows with the added bytes (about 1 min per GB on 2 busy cores: save, rewrite, hash, load),
+  not with the number of files. A layer tarred out of canonical order is sorted in a second pass.
+* The base's layers are not rewritten: they are matched by diff id against ``base_diff_ids``. A
+  base that is not itself reproducible (a toolchain image built with the classic builder) pins
+  the result to that base's id: load the same base everywhere, or make it the way
+  ``docker/make-base-image.sh`` makes the CPU base.
+* The kit fixes mtimes, owners, order and the config; file contents are the build's. Every RUN
+  that writes Python bytecode needs ``SOURCE_DATE_EPOCH`` and ``PYTHONHASHSEED=0`` (as
+  ``docker/Dockerfile.cpu`` sets them), the baked probe ``SOURCE_DATE_EPOCH=… kit probe``
+  (no clock, no host name), sources through ``docker/bin/install-source`` (no reflog, a stat-free
+  git index); compiled code needs its own care (no ``__DATE__``, ``-ffile-prefix-map``, ``ar D``).
+  ``kit build … --check-reproducible`` names the first file that still differs.
 """
 
 from __future__ import annotations

@@ -143,6 +143,8 @@ def _difference_text(tag: str, check: dict) -> str:
     diff = check.get("difference") or {}
     lines = [f"{tag} is not reproducible: the second build gave {check['second_image_id']}; "
              f"first differing layer {diff.get('layer')} ({diff.get('first')} against {diff.get('second')})"]
+    if diff.get("note"):
+        lines.append(f"  {diff['note']}")
     for item in diff.get("files", [])[:10]:
         a, b = item["first"] or {}, item["second"] or {}
         lines.append(f"  {item['path']}: size {a.get('size')} / {b.get('size')}, mode {a.get('mode')} / {b.get('mode')}, "
