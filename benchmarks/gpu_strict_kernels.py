@@ -609,15 +609,19 @@ def _print_row(r):
           + (f"  R0/P+ {r['R0/P+'][0]:.3f}" if "R0/P+" in r else ""), flush=True)
 
 
-def profile(L):
-    """Where the time goes: CUDA kernel times of one R and one P+ decoder layer (torch profiler),
-    prefill 8192 tokens and decode batch 64 over 7168 cached keys."""
+PROFILE_CASES = {"prefill_4096": (1, 4096, 4096), "decode_b8_kv2048": (8, 1, 2049),
+                 "prefill_8192": (1, 8192, 8192), "decode_b64_kv7168": (64, 1, 7169)}
+
+
+def profile(L, cases=None):
+    """Where the time goes: every CUDA kernel of one R and one P+ decoder layer (torch profiler;
+    time per layer and launches per layer, averaged over 3 layers), per case of :data:`PROFILE_CASES`."""
     import torch
     from torch.profiler import ProfilerActivity, profile as torch_profile
     cfg = L.cfg
     out = {}
-    cases = {"prefill_8192": (1, 8192, 8192), "decode_b64_kv7168": (64, 1, 7169)}
-    for name, (batch, tokens, cap) in cases.items():
+    for name in cases or PROFILE_CASES:
+        batch, tokens, cap = PROFILE_CASES[name]
         x = torch.randn(batch, tokens, cfg.hidden, device="cuda").to(torch.bfloat16)
         pos = (torch.arange(tokens, device="cuda").view(1, -1) if tokens > 1
                else torch.full((batch, 1), cap - 1, device="cuda"))
@@ -630,37 +634,118 @@ def profile(L):
                 for _ in range(3):
                     layer(impl, L, x, pos, kc, vc)
                 torch.cuda.synchronize()
-            kernels = sorted(((e.key, e.self_device_time_total / 3, e.count // 3) for e in prof.key_averages()
+            kernels = sorted(((e.key, e.self_device_time_total / 3, e.count / 3) for e in prof.key_averages()
                               if e.self_device_time_total > 0), key=lambda k: -k[1])
             total = sum(k[1] for k in kernels)
-            out[f"{name} {impl}"] = {"kernel_us": round(total, 1),
-                                     "top": [[k[0][:90], round(k[1], 1), k[2]] for k in kernels[:10]]}
+            out[f"{name} {impl}"] = {"kernel_us": round(total, 1), "launches": round(sum(k[2] for k in kernels), 1),
+                                     "kernels": [[k[0][:120], round(k[1], 1), round(k[2], 2)] for k in kernels]}
             print(f"profile {name} {impl}: {total:.0f} us of kernels", flush=True)
             for k in kernels[:6]:
-                print(f"    {k[1]:>9.1f} us  x{k[2]:<3} {k[0][:80]}", flush=True)
+                print(f"    {k[1]:>9.1f} us  x{k[2]:<4.1f} {k[0][:80]}", flush=True)
         torch.cuda.empty_cache()
     return out
 
 
+def gemm_candidates(L, configs=None):
+    """The row-parallel strict GEMMs (o_proj, down) of the one-loop tree kernel under several launch
+    configurations: bytes against the per-shard kernel, and time against it and cuBLAS (one GEMM
+    over the whole K, the production projection), at 4096 and 8192 rows."""
+    import torch
+    import torch.nn.functional as F
+    from rlk_kernels.gpu import triton_gemm as tg
+    cfg = L.cfg
+    configs = configs or GEMM_CANDIDATES
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    rows_out = []
+    for name, w_r, w_p, inner in (("o_proj", L.r_o, L.w["wo"], L.nq), ("down", L.r_down, L.w["w_down"], L.per)):
+        for rows in (4096, 8192):
+            xs = torch.randn(cfg.canonical_tp, rows, inner, device="cuda", generator=gen).to(torch.bfloat16)
+            flat_x = xs.transpose(0, 1).reshape(rows, -1)
+            old = tg.shard_matmul_tree(xs, w_r, flat=False)
+            flops = 2.0 * rows * w_p.shape[0] * w_p.shape[1]
+            for conf in configs:
+                row = {"gemm": name, "rows": rows, "config": list(conf)}
+                try:
+                    new = tg.shard_matmul_tree(xs, w_r, flat=True, config=conf)
+                    row["same_bits"] = _same(new, old)
+                    fns = {"R": lambda: tg.shard_matmul_tree(xs, w_r, flat=True, config=conf),
+                           "P+": lambda: F.linear(flat_x, w_p), "R0": lambda: tg.shard_matmul_tree(xs, w_r, flat=False)}
+                    res = measure(lambda i: fns[i](), ("R", "P+", "R0"), 5, 5)
+                    row.update({k: res[k] for k in ("R_us", "P+_us", "R0_us", "R/P+", "R/R0")})
+                    row["R_tflops"] = round(flops / res["R_us"] / 1e6, 1)
+                    row["P+_tflops"] = round(flops / res["P+_us"] / 1e6, 1)
+                except Exception as exc:
+                    row["error"] = repr(exc)[:300]
+                rows_out.append(row)
+                print("gemm", row, flush=True)
+    return rows_out
+
+
+GEMM_CANDIDATES = ((128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 8, 5), (128, 256, 64, 8, 3),
+                   (64, 256, 64, 4, 4))
+
+
 def cold_check():
     """``run_check(device="cuda", shape="qwen3-8b")`` in a fresh process with an empty Triton cache
-    (the cold check an image runs), timed from the process start."""
+    (the cold check an image runs), timed from the process start; its steps' times too."""
     import tempfile
     code = ("import json,sys,time; t=time.perf_counter(); sys.path.insert(0, %r); import gpu_strict_kernels as g; "
-            "g._bootstrap(); from rlk_kernels.conformance import run_check, format_table; "
-            "r=run_check(device='cuda', shape='qwen3-8b'); print(format_table(r), file=sys.stderr); "
-            "r['process_s']=round(time.perf_counter()-t,1); print(json.dumps(r))") % str(ROOT / "benchmarks")
+            "g._bootstrap(); from rlk_kernels.conformance import run_check, format_table; tm={}; "
+            "r=run_check(device='cuda', shape='qwen3-8b', timings=tm, "
+            "progress=lambda m: print(f'{time.perf_counter()-t:6.1f} s  {m}', file=sys.stderr, flush=True)); "
+            "print(format_table(r), file=sys.stderr); "
+            "r['process_s']=round(time.perf_counter()-t,1); print(json.dumps({'report': r, 'timings': tm}))"
+            ) % str(ROOT / "benchmarks")
     with tempfile.TemporaryDirectory() as cache:
         env = {**__import__("os").environ, "TRITON_CACHE_DIR": cache}
         started = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=560)
         wall = round(time.perf_counter() - started, 1)
-    sys.stderr.write(proc.stderr[-4000:])
+    sys.stderr.write(proc.stderr[-6000:])
     if proc.returncode:
         return {"error": f"exit {proc.returncode}", "wall_s": wall}
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = result["report"]
     return {"cold_wall_s": wall, "process_s": report["process_s"], "elapsed_s": report["elapsed_s"],
-            "passed": report["passed"], "fingerprint": report["fingerprint"], "report": report}
+            "passed": report["passed"], "fingerprint": report["fingerprint"], "timings": result["timings"],
+            "variants_per_module": len(report["modules"][0]["variants"]), "report": report}
+
+
+def _kernel_group(name: str) -> str:
+    """The piece of the layer a profiled kernel belongs to (by its name)."""
+    if name.startswith(("shard_mm", "shard_swiglu", "nvjet", "cutlass", "sm90_xmma")) or "gemm" in name.lower() \
+            or "splitKreduce" in name or name == "_tree_kernel":
+        return "GEMM"
+    if "attn" in name or "sdpa" in name or "flash" in name or "_combine_kernel" in name:
+        return "attention core"
+    return "norms, RoPE, SwiGLU, adds, copies"
+
+
+def markdown(doc: dict) -> str:
+    """The throughput table and the per-kernel profiles of a result document, as markdown."""
+    out = ["| phase | shape | module | P eager µs | P+ µs | R µs | R ÷ P+ [95% CI] | R ÷ P | R0 ÷ P+ |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc.get("throughput", {}).get("rows", []):
+        shape = f"{r['tokens']} tokens" if r["phase"] == "prefill" else f"batch {r['batch']}, KV {r['kv_cache']}"
+        ci, r0 = r["R/P+"], r.get("R0/P+")
+        out.append(f"| {r['phase']} | {shape} | {r['module']} | {r['P_us']:.0f} | {r['P+_us']:.0f} | {r['R_us']:.0f} | "
+                   f"{ci[0]:.2f} [{ci[1]:.2f}, {ci[2]:.2f}] | {r['R/P'][0]:.2f} | {f'{r0[0]:.2f}' if r0 else '–'} |")
+    for case in PROFILE_CASES:
+        r, p = doc.get("profile", {}).get(f"{case} R"), doc.get("profile", {}).get(f"{case} P+")
+        if not (r and p):
+            continue
+        out += ["", f"### {case}: R {r['kernel_us']:.0f} µs in {r['launches']:.0f} launches, "
+                    f"P+ {p['kernel_us']:.0f} µs in {p['launches']:.0f} launches (per layer)", "",
+                "| piece | R kernel | R µs | × | P+ kernel | P+ µs | × |", "|---|---|---|---|---|---|---|"]
+        for group in ("GEMM", "attention core", "norms, RoPE, SwiGLU, adds, copies"):
+            rk = [k for k in r["kernels"] if _kernel_group(k[0]) == group]
+            pk = [k for k in p["kernels"] if _kernel_group(k[0]) == group]
+            for i in range(max(len(rk), len(pk))):
+                cells = [f"`{k[0][:60]}` | {k[1]:.1f} | {k[2]:g}" if k else " | | "
+                         for k in (rk[i] if i < len(rk) else None, pk[i] if i < len(pk) else None)]
+                out.append(f"| {group if i == 0 else ''} | {cells[0]} | {cells[1]} |")
+            out.append(f"| **{group}, total** | | **{sum(k[1] for k in rk):.0f}** | | | **{sum(k[1] for k in pk):.0f}** | |")
+    return "\n".join(out)
 
 
 def environment():
@@ -686,14 +771,24 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true", help="also run the launch-configuration sweep")
     ap.add_argument("--no-split-sizes", action="store_true",
                     help="sweep without the other canonical split sizes (they change the bits; timing only)")
+    ap.add_argument("--sections", default="invariance,throughput,profile,check",
+                    help="comma list of: invariance, sweep, gemm, throughput, profile, check")
+    ap.add_argument("--markdown", action="store_true", help="print the tables of the existing --out document and stop")
+    ap.add_argument("--profile-cases", default=",".join(PROFILE_CASES), help="comma list of " + ", ".join(PROFILE_CASES))
     args = ap.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(pathlib.Path(args.out).read_text())))
+        return
     _bootstrap()
     import torch
     from rlk_kernels.gpu import triton_attention as ta
     from rlk_kernels.model import ModelConfig
+    from rlk_kernels.gpu import triton_gemm as tg
     doc = {"schema": "rlk-kit/bench-gpu-strict-kernels/v2", "environment": environment(),
            "strict_schedule": {"attention_block_n": ta.BLOCK_N, "attention_split": ta.SPLIT,
-                               "attention_prefill": list(ta.PREFILL), "attention_decode": list(ta.DECODE)}}
+                               "attention_prefill": list(ta.PREFILL), "attention_decode": list(ta.DECODE),
+                               "gemm_flat_tree": tg.FLAT_TREE, "gemm_flat_tree_config": list(tg.FLAT_TREE_CONFIG)},
+           "argv": sys.argv[1:]}
     print(json.dumps(doc["environment"]), flush=True)
     out = pathlib.Path(args.out)
 
@@ -711,26 +806,34 @@ def main(argv=None):
         doc[name + "_s"] = round(time.perf_counter() - started, 1)
         save()
 
+    wanted = set(args.sections.split(",")) | ({"sweep"} if args.sweep else set())
+    if args.skip_check or args.fingerprint_only:
+        wanted.discard("check")
     torch.manual_seed(0)
     with torch.no_grad():
         L = Layer(ModelConfig.qwen3_8b())
-        section("invariance_at_scale", lambda: invariance_at_scale(L))
-        print(json.dumps(doc["invariance_at_scale"], indent=1), flush=True)
-        if args.sweep:
+        if "invariance" in wanted:
+            section("invariance_at_scale", lambda: invariance_at_scale(L))
+            print(json.dumps(doc["invariance_at_scale"], indent=1), flush=True)
+        if "sweep" in wanted:
             section("sweep", lambda: sweep(L, split_sizes=not args.no_split_sizes))
-        section("throughput", lambda: throughput(L, quick=args.quick, trials=args.trials))
-        section("profile", lambda: profile(L))
+        if "gemm" in wanted:
+            section("gemm_candidates", lambda: gemm_candidates(L))
+        if "throughput" in wanted:
+            section("throughput", lambda: throughput(L, quick=args.quick, trials=args.trials))
+        if "profile" in wanted:
+            section("profile", lambda: profile(L, args.profile_cases.split(",")))
         doc["goals"] = {"prefill_layer": 0.90, "prefill_layer_logp": 0.95, "decode_layer": 0.98,
                         "denominator": "P+ (fair production baseline, benchmarks/fair_baseline.py)",
                         "anchors": {"thinking_machines_batch_invariant": 0.62, "sglang_deterministic": 0.74,
                                     "megatron_batch_invariant": 0.99}}
-        del L
+        L = None                             # free the layer before the check
         torch.cuda.empty_cache()
     if args.fingerprint_only:
         from rlk_kernels.conformance import conformance_fingerprint
         section("fingerprint", lambda: conformance_fingerprint(device="cuda", shape="qwen3-8b"))
         print(f"fingerprint {doc['fingerprint']} in {doc['fingerprint_s']} s", flush=True)
-    elif not args.skip_check:                # a fresh process with an empty Triton cache: the cold check
+    elif "check" in wanted:                  # a fresh process with an empty Triton cache: the cold check
         section("conformance", cold_check)
         c = doc["conformance"]
         print(f"conformance: passed {c.get('passed')} in {c.get('process_s')} s cold "

@@ -115,6 +115,25 @@ def init_weights(cfg: ModelConfig, seed: int, *, layers: int | None = None, dtyp
     return weights
 
 
+def weight_shapes(cfg: ModelConfig, *, layers: int | None = None) -> dict:
+    """{name: shape} of :func:`init_weights`' tensors, without drawing them (placeholders for a dry run).
+
+    >>> weight_shapes(ModelConfig.smoke(), layers=1)["layers.0.wq"]
+    (128, 128)
+    """
+    h, d = cfg.hidden, cfg.head_dim
+    shapes = {"embed": (cfg.padded_vocab, h)}
+    for i in range(cfg.layers if layers is None else layers):
+        p = f"layers.{i}."
+        shapes.update({p + "input_norm": (h,), p + "wq": (cfg.heads * d, h), p + "wk": (cfg.query_groups * d, h),
+                       p + "wv": (cfg.query_groups * d, h), p + "q_norm": (d,), p + "k_norm": (d,),
+                       p + "wo": (h, cfg.heads * d), p + "post_norm": (h,), p + "w_gate": (cfg.ffn_hidden, h),
+                       p + "w_up": (cfg.ffn_hidden, h), p + "w_down": (h, cfg.ffn_hidden)})
+    shapes["final_norm"] = (h,)
+    shapes["lm_head"] = (cfg.padded_vocab, h)
+    return shapes
+
+
 def layer_weights(weights: dict, index: int) -> dict:
     prefix = f"layers.{index}."
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}

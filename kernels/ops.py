@@ -297,8 +297,11 @@ def _rope(x, pos, rope):
 
 def _project_heads(impl, w, cfg, rope, x, pos, tp):
     """x [B, L, H] at positions pos [B, L] -> q [B, Hq, L, D] (scaled for R), k, v [B, Hkv, L, D]."""
+    import torch
     b, length, _ = x.shape
     normed = _norm(impl, x, w["input_norm"], cfg.norm_eps).reshape(b * length, cfg.hidden)
+    if impl == "R" and normed.dtype == torch.bfloat16 and _gpu(normed):
+        return _project_heads_fused(w, cfg, rope, normed, pos, tp)
     q, k, v = qkv_projection(impl, w, cfg, normed, tp)
     q = _norm(impl, q, w["q_norm"], cfg.norm_eps).view(b, length, cfg.heads, cfg.head_dim).transpose(1, 2)
     k = _norm(impl, k, w["k_norm"], cfg.norm_eps).view(b, length, cfg.query_groups, cfg.head_dim).transpose(1, 2)
@@ -308,6 +311,29 @@ def _project_heads(impl, w, cfg, rope, x, pos, tp):
     if impl == "R":
         q = q * (cfg.head_dim ** -0.5)
     return q, k, v
+
+
+def _project_heads_fused(w, cfg, rope, normed, pos, tp):
+    """R on the GPU (bf16): the ranks' QKV GEMM outputs gathered in shard order, then q/k RMSNorm,
+    RoPE, q's scale and the head split in one kernel each (``rms_norm_rope``, which rounds where the
+    eager bf16 ops round: the bits of the path above, in 2 launches instead of about 20)."""
+    import torch
+    from rlk_kernels.gpu.triton_pointwise import rms_norm_rope
+    group = group_for("tp", tp)
+    c, d = cfg.canonical_tp, cfg.head_dim
+    shard_w = _qkv_shard_weights(w, cfg)
+    per_rank = {}
+    for rank in group.local_ranks():
+        shards = virtual_shards(rank, tp, c)
+        per_rank[rank] = strict_linear_rows(normed, shard_w[shards.start:shards.stop])
+    out = torch.cat(all_gather(group, per_rank), dim=0)                      # [C, M, cols]
+    nq, nk = cfg.heads // c * d, cfg.query_groups // c * d
+    cos, sin = rope
+    q = rms_norm_rope(out[..., :nq], w["q_norm"], cfg.norm_eps, cos, sin, pos, heads=cfg.heads, scale=d ** -0.5)
+    k = rms_norm_rope(out[..., nq:nq + nk], w["k_norm"], cfg.norm_eps, cos, sin, pos, heads=cfg.query_groups)
+    b, length = pos.shape
+    v = out[..., nq + nk:].reshape(c, b * length, -1, d).permute(1, 0, 2, 3)
+    return q, k, v.reshape(b, length, cfg.query_groups, d).transpose(1, 2)
 
 
 def _sdpa(q, k, v, *, causal=False, mask=None):

@@ -43,6 +43,9 @@ LARGE = (128, 256, 64, 8, 3)
 LARGE_TREE = (128, 128, 64, 8, 3)      # two fp32 accumulators must fit in registers
 LARGE_SWIGLU = (128, 128, 64, 8, 3)    # gate and up accumulators: the registers of one 128x256 tile
 SMALL_ROWS = 256                       # up to this many rows: the small configuration
+FLAT_TREE = False                      # row-parallel products above SMALL_ROWS: one loop over all shards
+FLAT_TREE_CONFIG = (128, 128, 64, 8, 4)
+TREE_BLOCK = 1024                      # elements per program of the small-row shard tree
 
 
 def _config(rows: int, tree: bool = False):
@@ -164,6 +167,63 @@ def shard_mm_tree(x_ptr, w_ptr, o_ptr, t_ptr, M, N, K, sxs, sxm, sxk, sws, swk, 
     tl.store(o_ptr + where, total, mask=mask)
 
 
+@triton.jit
+def _pair_done(p, j, o_ptr, t_ptr, where, mask, SHARDS: tl.constexpr):
+    """Pair j = (s_2j + s_2j+1) of the tree ((p0+p1)+(p2+p3)): the upper levels wait in fp32
+    scratch (``o_ptr`` holds a pending pair, ``t_ptr`` a pending quad) until their partner is done."""
+    if SHARDS == 2:
+        tl.store(o_ptr + where, p, mask=mask)
+    elif SHARDS == 4:
+        if j == 0:
+            tl.store(o_ptr + where, p, mask=mask)
+        else:
+            tl.debug_barrier()                  # the pending pair, stored by any thread of the program
+            tl.store(o_ptr + where, tl.load(o_ptr + where, mask=mask, other=0.0) + p, mask=mask)
+    else:
+        if j % 2 == 0:
+            tl.store(o_ptr + where, p, mask=mask)
+        else:
+            tl.debug_barrier()
+            quad = tl.load(o_ptr + where, mask=mask, other=0.0) + p
+            if j == 1:
+                tl.store(t_ptr + where, quad, mask=mask)
+            else:
+                tl.debug_barrier()
+                tl.store(o_ptr + where, tl.load(t_ptr + where, mask=mask, other=0.0) + quad, mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def shard_mm_tree_flat(x_ptr, w_ptr, o_ptr, t_ptr, M, N, KS, sxs, sxm, sxk, sws, swk, swn,
+                       SHARDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                       GROUP: tl.constexpr, INTERP: tl.constexpr):
+    """:func:`shard_mm_tree` as one pipelined loop over every shard's K steps (``KS`` a multiple of
+    ``BK``): each shard's partial is the same chain of MMA steps from zero as :func:`tile_dot`'s,
+    and the partials meet in the same fixed tree, so the bits are the same; the loads run ahead
+    across shard boundaries instead of draining the pipeline at each of the 8 shards."""
+    pid_m, pid_n = tile_ids(tl.program_id(0), M, N, BM, BN, GROUP)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    ks = tl.arange(0, BK)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    where = rows[:, None] * N + cols[None, :]
+    steps = KS // BK
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    even = tl.zeros((BM, BN), dtype=tl.float32)
+    for i in range(0, SHARDS * steps):
+        s = i // steps
+        kk = (i - s * steps) * BK + ks
+        a = tl.load(x_ptr + s * sxs + rows[:, None] * sxm + kk[None, :] * sxk, mask=rows[:, None] < M, other=0.0)
+        b = tl.load(w_ptr + s * sws + kk[:, None] * swk + cols[None, :] * swn, mask=cols[None, :] < N, other=0.0)
+        acc = mma(a, b, acc, INTERP)
+        if i % steps == steps - 1:              # shard s is complete
+            if SHARDS == 1:
+                tl.store(o_ptr + where, acc, mask=mask)
+            elif s % 2 == 0:
+                even = acc
+            else:
+                _pair_done(even + acc, s // 2, o_ptr, t_ptr, where, mask, SHARDS)
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+
 
 def _grid(rows, cols, bm, bn, shards):
     return ((-(-rows // bm)) * (-(-cols // bn)), shards)
@@ -232,15 +292,49 @@ def shard_swiglu(x, w_shards, per: int, out_dtype=None, fused: bool | None = Non
     return out
 
 
+@triton.jit(do_not_specialize=["n"])
+def _tree_kernel(p_ptr, o_ptr, n, SHARDS: tl.constexpr, BLOCK: tl.constexpr):
+    # the partials [SHARDS, n] (fp32) added in the fixed tree ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)):
+    # element-wise, so the same fp32 additions as one torch add per tree level
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n
+    a = tl.load(p_ptr + i, mask=ok, other=0.0) + tl.load(p_ptr + n + i, mask=ok, other=0.0)
+    if SHARDS >= 4:
+        a = a + (tl.load(p_ptr + 2 * n + i, mask=ok, other=0.0) + tl.load(p_ptr + 3 * n + i, mask=ok, other=0.0))
+    if SHARDS == 8:
+        b = tl.load(p_ptr + 4 * n + i, mask=ok, other=0.0) + tl.load(p_ptr + 5 * n + i, mask=ok, other=0.0)
+        b = b + (tl.load(p_ptr + 6 * n + i, mask=ok, other=0.0) + tl.load(p_ptr + 7 * n + i, mask=ok, other=0.0))
+        a = a + b
+    tl.store(o_ptr + i, a, mask=ok)
+
+
 def tree_reduce_shards(partials):
-    """Fixed pairwise tree over dim 0 (power-of-two count): one element-wise add per tree level."""
-    while partials.shape[0] > 1:
-        partials = partials[0::2] + partials[1::2]
-    return partials[0]
+    """Fixed pairwise tree over dim 0 (1, 2, 4 or 8 fp32 partials): one kernel for the whole tree
+    (the same additions as one element-wise add per tree level; a decode step saves 2 launches
+    per row-parallel product)."""
+    import torch
+
+    shards = partials.shape[0]
+    if shards == 1:
+        return partials[0]
+    if shards not in (2, 4, 8) or partials.dtype != torch.float32:
+        while partials.shape[0] > 1:
+            partials = partials[0::2] + partials[1::2]
+        return partials[0]
+    flat = partials.contiguous()
+    out = torch.empty(flat.shape[1:], dtype=torch.float32, device=flat.device)
+    n = out.numel()
+    if n:
+        _tree_kernel[(-(-n // TREE_BLOCK),)](flat, out, n, SHARDS=shards, BLOCK=TREE_BLOCK, num_warps=4,
+                                             enable_fp_fusion=False)
+    return out
 
 
-def shard_matmul_tree(x, w_shards):
-    """fp32 ``tree_s(x[s] @ w[s])`` [M, N] for ``x`` [S, M, K] and ``w_shards`` [S, K, N], S in 1, 2, 4, 8."""
+def shard_matmul_tree(x, w_shards, *, flat: bool | None = None, config=None):
+    """fp32 ``tree_s(x[s] @ w[s])`` [M, N] for ``x`` [S, M, K] and ``w_shards`` [S, K, N], S in 1, 2, 4, 8.
+    Above :data:`SMALL_ROWS` rows ``flat`` (default :data:`FLAT_TREE`) takes the one-loop kernel
+    where ``BK`` divides K (``config``: its launch, default :data:`FLAT_TREE_CONFIG`); every choice
+    gives the same bits."""
     import torch
 
     x, w = _operands(x, w_shards)
@@ -250,9 +344,17 @@ def shard_matmul_tree(x, w_shards):
     rows = x.shape[1]
     if rows <= SMALL_ROWS:
         return tree_reduce_shards(shard_matmul(x, w, out_dtype=torch.float32))
-    bm, bn, bk, warps, stages = _config(rows, tree=True)
+    flat = FLAT_TREE if flat is None else flat
+    bm, bn, bk, warps, stages = (config or FLAT_TREE_CONFIG) if flat else _config(rows, tree=True)
     out = torch.empty(rows, cols, dtype=torch.float32, device=x.device)
     scratch = torch.empty_like(out) if shards == 8 else out
+    if flat and inner % bk == 0:
+        shard_mm_tree_flat[_grid(rows, cols, bm, bn, 1)](
+            x, w, out, scratch, rows, cols, inner, x.stride(0), x.stride(1), x.stride(2),
+            w.stride(0), w.stride(1), w.stride(2),
+            SHARDS=shards, BM=bm, BN=bn, BK=bk, GROUP=8, INTERP=interpreting(), num_warps=warps, num_stages=stages)
+        return out
+    bm, bn, bk, warps, stages = _config(rows, tree=True)
     shard_mm_tree[_grid(rows, cols, bm, bn, 1)](
         x, w, out, scratch, rows, cols, inner, x.stride(0), x.stride(1), x.stride(2),
         w.stride(0), w.stride(1), w.stride(2),

@@ -62,6 +62,27 @@ def test_fused_swiglu_equals_stored_gate_up_path_bitwise():
         triton_gemm.shard_swiglu(x, w, per + 1, fused=True)
 
 
+@pytest.mark.parametrize("shards", [1, 2, 4, 8])
+def test_flat_tree_kernel_equals_the_per_shard_tree_bitwise(shards):
+    # one loop over every shard's K steps: the same per-shard MMA chains and the same fixed tree
+    gen = torch.Generator().manual_seed(10 + shards)
+    xs, w = torch.randn(shards, 300, 128, generator=gen), torch.randn(shards, 128, 40, generator=gen)
+    old = triton_gemm.shard_matmul_tree(xs, w, flat=False)
+    new = triton_gemm.shard_matmul_tree(xs, w, flat=True)
+    assert torch.equal(old.view(torch.int32), new.view(torch.int32))
+    ref = pr.tree_reduce(pr.tiled_matmul_shards(bf(xs), bf(w)).unbind(0))
+    torch.testing.assert_close(new, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shards", [2, 4, 8])
+def test_tree_kernel_equals_one_add_per_level_bitwise(shards):
+    partials = torch.randn(shards, 5, 300, generator=torch.Generator().manual_seed(shards))
+    levels = partials
+    while levels.shape[0] > 1:
+        levels = levels[0::2] + levels[1::2]
+    assert torch.equal(triton_gemm.tree_reduce_shards(partials).view(torch.int32), levels[0].view(torch.int32))
+
+
 def test_tree_refuses_non_power_of_two():
     with pytest.raises(ValueError, match="1, 2, 4 or 8"):
         triton_gemm.shard_matmul_tree(torch.randn(3, 4, 16), torch.randn(3, 16, 8))
@@ -230,3 +251,23 @@ def test_operator_modules_through_the_triton_path_match_cpu():
         a, b = triton_res[name]
         assert torch.equal(a, b), f"{name}: Triton path differs across TP"
         torch.testing.assert_close(a, cpu_res[name][0], atol=5e-2, rtol=5e-2)
+
+
+def test_project_heads_on_the_fused_glue_matches_the_eager_glue_and_ignores_tp(monkeypatch):
+    # bf16 tensors on the Triton path take ops._project_heads_fused (the GPU bits are checked by
+    # the H200 check's fingerprint); here it must agree with the eager glue and across TP layouts
+    from rlk_kernels.model import ModelConfig, init_weights, layer_weights, rope_table
+    monkeypatch.setenv("RLK_TRITON_ON_CPU", "1")
+    cfg = ModelConfig.smoke()
+    w32 = layer_weights(init_weights(cfg, 0, layers=1), 0)
+    w16 = {k: v.to(torch.bfloat16) for k, v in w32.items()}
+    rope32 = rope_table(cfg, 16)
+    rope16 = tuple(t.to(torch.bfloat16) for t in rope32)
+    x = torch.randn(2, 5, cfg.hidden, generator=torch.Generator().manual_seed(4))
+    pos = torch.arange(3, 8).expand(2, 5)
+    fused = {tp: ops._project_heads("R", w16, cfg, rope16, x.to(torch.bfloat16), pos, tp) for tp in (1, 4)}
+    eager = ops._project_heads("R", {k: bf(v) for k, v in w32.items()}, cfg, tuple(bf(t) for t in rope32), bf(x), pos, 1)
+    for a, b, ref in zip(fused[1], fused[4], eager):
+        assert a.dtype == torch.bfloat16 and a.shape == ref.shape
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+        torch.testing.assert_close(a.float(), ref, atol=6e-2, rtol=6e-2)

@@ -180,3 +180,27 @@ def test_cli_cuda_without_gpu_is_bad_input():
         pytest.skip("needs a machine without a CUDA GPU")
     result = CliRunner().invoke(cli, ["kernels", "check", "--device", "cuda"])
     assert result.exit_code == 2 and "--device cuda" in result.output
+
+
+def test_check_jobs_give_the_serial_checks_fingerprint_and_verdicts(monkeypatch):
+    # the GPU check runs its variants as jobs on a process pool; here the same jobs on threads
+    import concurrent.futures
+    import dataclasses
+
+    from rlk_kernels import check_pool, conformance
+
+    small = dataclasses.replace(conformance.check_shape("smoke"), batch_sizes=(1, 3), rollout_tps=(1, 2), grid=True,
+                                train_layouts=(TrainLayout(1, 1), TrainLayout(1, 2), TrainLayout(2, 1)))
+    monkeypatch.setattr(check_pool, "check_shape", lambda shape, device="cpu": small)
+    fingerprint, rows = conformance._reference_pass(small, "cpu", variants=True)
+    names = [r["variant"] for r in rows["attention"]]
+    assert "batch 3 TP1: prefill 8, decode 8" in names and "decode batch 3 (rollout TP2)" in names
+    jobs = check_pool.plan(small, workers=4)
+    assert sorted(i for m, p, idx in jobs if m == "ffn" for i in idx) == list(range(len(names)))
+    timings = {}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        got, got_rows = check_pool.run(small, "cpu", conformance._draw_inputs(small, "cpu"), pool, 4, timings=timings)
+    assert got == fingerprint and timings["jobs"]["count"] == len(jobs)
+    for module in conformance.MODULES:
+        assert [(r["variant"], r["strict_bytes_equal"], r["elements"]) for r in got_rows[module]] == \
+               [(r["variant"], r["strict_bytes_equal"], r["elements"]) for r in rows[module]]
