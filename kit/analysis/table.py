@@ -203,7 +203,7 @@ READ_FIELDS = ("/run_id", "/arm/name", "/arm/workload", "/arm/topology", "/arm/o
 
 
 def _refuse_unreadable_fields(path: Path, manifest: dict) -> None:
-    if manifest.get("schema") != "rlk-kit/run-manifest/v1":
+    if not str(manifest.get("schema")).startswith("rlk-kit/run-manifest/"):
         return                            # not a kit manifest: its fields are read with care, one by one
     for pointer, message in schema_problems(manifest, "run-manifest"):
         if pointer.startswith(READ_FIELDS):
