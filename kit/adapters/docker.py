@@ -91,6 +91,22 @@ def list_images(engine_client, *, labels: dict[str, str] | None = None, name: st
         raise _explained(exc) from None
 
 
+def retag(engine_client, image_id: str, ref: str) -> None:
+    """Point ``ref`` (repository:tag) at ``image_id``; the image it named before is removed when no
+    other tag or container holds it (so one ref keeps one image, not one per build)."""
+    import docker
+
+    previous = find_image(engine_client, ref)
+    repository, _, tag = ref.rpartition(":")
+    try:
+        engine_client.images.get(image_id).tag(repository, tag=tag)
+        if previous is not None and previous.id != image_id and len(previous.tags) <= 1:
+            engine_client.images.remove(previous.id)
+    except docker.errors.APIError as exc:   # in use by a container or a child image: kept, not an error
+        if previous is None or "conflict" not in str(exc).lower():
+            raise _explained(exc) from None
+
+
 def start_container(container) -> None:
     """Start a created container; EngineError with the engine's reason when it will not start."""
     import docker

@@ -23,6 +23,9 @@ CHECKPOINT_DIR = "/inputs/torch_dist"   # read-only: Megatron torch_dist checkpo
 DATA_DIR = "/inputs/data"               # read-only: prompt JSONL
 
 LABEL_PREFIX = labels.LABEL_PREFIX   # kit/model/labels.py: the model reads labels too
+# The tag suffix under which the engine's own image of a build is kept as the next build's step cache:
+# it carries the build's labels but is not the kit's image (kit.build.lookup never picks it).
+STEP_CACHE_SUFFIX = "-step-cache"
 
 # How a stack is checked inside a container (a throwaway one or a run's live one): the stack goes in
 # through the environment, so the probe reports exactly its packages and sources. Exit 1 (pins

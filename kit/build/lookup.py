@@ -10,14 +10,22 @@ by creation time (ties: the larger id). Example::
 from __future__ import annotations
 
 from kit.adapters import docker as dockerdoor
-from kit.build.layout import LABEL_PREFIX
+from kit.build.layout import LABEL_PREFIX, STEP_CACHE_SUFFIX
 from kit.model.errors import BadInput
 
 
 def stack_image(client, stack_sha256: str, platform: str):
-    """The image a run of this stack and platform uses, or None."""
-    return dockerdoor.newest(dockerdoor.list_images(client, labels={f"{LABEL_PREFIX}.stack.sha256": stack_sha256,
-                                                                    f"{LABEL_PREFIX}.platform": platform}))
+    """The image a run of this stack and platform uses, or None.
+
+    Only tagged images count: the engine's own image of a build carries the same labels, and is either
+    untagged or kept under a step-cache tag; the kit's image is always tagged."""
+    labelled = dockerdoor.list_images(client, labels={f"{LABEL_PREFIX}.stack.sha256": stack_sha256,
+                                                      f"{LABEL_PREFIX}.platform": platform})
+    return dockerdoor.newest(image for image in labelled if _kit_tags(image))
+
+
+def _kit_tags(image) -> list[str]:
+    return [tag for tag in image.tags if not tag.endswith(STEP_CACHE_SUFFIX)]
 
 
 def image_for_arm(client, arm) -> str:
@@ -42,4 +50,4 @@ def find_stack_image(stack_name: str, stack_sha256: str, platform: str, client=N
     if chosen is not None:
         return chosen
     return dockerdoor.newest(image for image in dockerdoor.list_images(client, name=f"rlk-kit/{stack_name}")
-                             if any(tag.split(":", 1)[-1].startswith(f"{platform}-") for tag in image.tags))
+                             if any(tag.split(":", 1)[-1].startswith(f"{platform}-") for tag in _kit_tags(image)))
