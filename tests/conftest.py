@@ -22,8 +22,48 @@ REPO = Path(__file__).resolve().parent.parent
 # Tests that use these fixtures need a Docker engine or start a Ray head: they carry the marker, so
 # `pytest -m "not docker and not ray and not slow"` is the fast edit loop; ./scripts/test runs them all.
 MARKER_FIXTURES = {"docker": {"docker_engine", "cpu_image"}, "ray": {"ray_head"}}
-# Whole modules that are slow on 2 cores: the GPU kernels' CPU twins run Triton's interpreter.
-SLOW_MODULES = {"test_gpu_twins.py"}
+# Whole modules that are slow on 2 cores: the GPU kernels' CPU twins run Triton's interpreter, the CPU
+# conformance oracle runs every layout, the distributed tests spawn gloo ranks, every fault run is a
+# `kit run` stopped by a signal, the analyze fuzzing drives 500 inputs through `kit analyze`.
+SLOW_MODULES = {"test_gpu_twins.py", "test_kernels.py", "test_distributed.py", "test_run_faults.py",
+                "test_fuzz_analyze.py",
+                # modules whose shared fixture makes sealed runs, a suite or a real pip install first
+                "test_runs.py", "test_smoke_analysis.py", "test_suite.py", "test_install_from_lock.py"}
+# Single tests of more than a few seconds on 2 cores (`pytest --durations=60` lists them): whole smoke
+# trainings, waits for an unreachable Ray address, re-resolving every lock, the 240-case tamper matrix,
+# end-to-end `kit run`s and the fixtures that make sealed runs. The fast loop stays under 2 minutes.
+SLOW_TESTS = {
+    "test_a_run_id_used_beforehand_is_refused_before_anything_is_written",
+    "test_a_smoke_run_has_host_monitors",
+    "test_an_unreachable_ray_address_is_waited_for_once",
+    "test_attach_refuses_a_run_that_was_not_detached",
+    "test_bad_sign_key_is_refused_before_the_run_and_spends_no_run_id",
+    "test_committed_pair_analyses_with_monitor_plots",
+    "test_compare_with_a_run_that_did_not_complete_is_not_controlled",
+    "test_consistency_is_bitwise_zero_for_tp2_cp4_against_rollout_tp4",
+    "test_ctrl_c_stops_the_suite_and_writes_the_partial_summary",
+    "test_export_reads_back_every_param_metric_and_artifact",
+    "test_g10_g11_run_dirs_are_descriptive_and_name_the_uncontrolled_pins",
+    "test_kit_lock_check_of_every_committed_lock_without_network_exits_2",
+    "test_kit_lock_check_without_an_index_exits_2",
+    "test_kit_run_of_a_gpu_arm_on_the_cpu_is_sealed_with_monitors",
+    "test_local_run_seals_and_verifies",
+    "test_module_entry_point",
+    "test_native_mode_records_mismatch_and_passes_pp_gates",
+    "test_no_secret_value_in_any_file_of_the_run_dir",
+    "test_perf_on_run_dirs",
+    "test_reward_improves_with_training",
+    "test_rounds_csv_has_the_29_published_columns_in_order",
+    "test_same_arm_twice_is_a_controlled_pair",
+    "test_sigterm_keeps_partial_evidence_without_seal",
+    "test_smoke_logs_analyse_with_perf",
+    "test_summary_validates_and_matches_the_file",
+    "test_tamper_matrix",
+    "test_the_tiny_lock_is_real_and_passes_the_rules",
+    "test_the_untampered_copies_verify",
+    "test_two_workers_draw_the_same_bytes_as_this_process",
+    "test_unreachable_ray_address_is_bad_input",
+}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -31,7 +71,7 @@ def pytest_collection_modifyitems(config, items):
         for marker, fixtures in MARKER_FIXTURES.items():
             if fixtures & set(getattr(item, "fixturenames", ())):
                 item.add_marker(marker)
-        if item.path.name in SLOW_MODULES:
+        if item.path.name in SLOW_MODULES or item.originalname in SLOW_TESTS:
             item.add_marker("slow")
 
 

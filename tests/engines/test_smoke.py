@@ -185,6 +185,7 @@ def _without_timers(lines):
     return out
 
 
+@pytest.mark.ray
 def test_ray_actors_give_the_in_process_records(monkeypatch):
     import tempfile
 

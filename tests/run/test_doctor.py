@@ -218,6 +218,7 @@ def test_image_lookup_on_real_engine():
         client.images.remove(by_tag.id, force=True)
 
 
+@pytest.mark.docker
 def test_doctor_and_the_docker_runtime_choose_the_same_image():
     """Two images of one stack and platform, and a newer one of another platform: the Docker runtime
     (whose choice kit suite plans with) and doctor both take the newest of the arm's platform."""
