@@ -57,48 +57,51 @@ def _read_key_bytes(path: Path, what: str, flag: str) -> bytes:
     return raw
 
 
+def _load_key(path: Path, flag: str, what: str, accepted: str, expected_type, parse):
+    """Read ``path`` bounded, parse it with ``parse(raw)``; BadInput naming ``flag`` and what is accepted."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+
+    raw = _read_key_bytes(path, what, flag)
+    try:
+        key = parse(raw)
+    except (ValueError, TypeError, UnicodeDecodeError, UnsupportedAlgorithm) as exc:
+        raise BadInput(f"{flag} {path}: not an {what} ({accepted}): {exc}") from None
+    if not isinstance(key, expected_type):
+        raise BadInput(f"{flag} {path}: is a {type(key).__name__}, expected an ed25519 key")
+    return key
+
+
 def load_private_key(path: Path):
     """An ed25519 private key: PEM (PKCS#8, unencrypted) or the raw 32 bytes."""
-    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    raw = _read_key_bytes(path, "ed25519 private key", "--sign-key")
-    try:
+    def parse(raw: bytes):
         if raw.lstrip().startswith(b"-----BEGIN"):
-            key = serialization.load_pem_private_key(raw, password=None)
-        elif len(raw) == 32:
-            key = Ed25519PrivateKey.from_private_bytes(raw)
-        else:
-            raise ValueError("neither PEM nor 32 raw bytes")
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        raise BadInput(f"--sign-key {path}: not an unencrypted ed25519 private key (PEM PKCS#8 or 32 raw bytes): {exc}") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise BadInput(f"--sign-key {path}: is a {type(key).__name__}, expected an ed25519 key")
-    return key
+            return serialization.load_pem_private_key(raw, password=None)
+        if len(raw) == 32:
+            return Ed25519PrivateKey.from_private_bytes(raw)
+        raise ValueError("neither PEM nor 32 raw bytes")
+
+    return _load_key(path, "--sign-key", "unencrypted ed25519 private key", "PEM PKCS#8 or 32 raw bytes",
+                     Ed25519PrivateKey, parse)
 
 
 def load_public_key(path: Path):
     """An ed25519 public key: PEM (SubjectPublicKeyInfo), 32 raw bytes, or 64 hex / base64 text."""
-    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    raw = _read_key_bytes(path, "ed25519 public key", "--key")
-    try:
+    def parse(raw: bytes):
         if raw.lstrip().startswith(b"-----BEGIN"):
-            key = serialization.load_pem_public_key(raw)
-        elif len(raw) == 32:
-            key = Ed25519PublicKey.from_public_bytes(raw)
-        else:
-            text = raw.decode("ascii").strip()
-            data = bytes.fromhex(text) if len(text) == 64 else base64.b64decode(text, validate=True)
-            key = Ed25519PublicKey.from_public_bytes(data)
-    except (ValueError, TypeError, UnicodeDecodeError, UnsupportedAlgorithm) as exc:
-        raise BadInput(f"--key {path}: not an ed25519 public key (PEM, 32 raw bytes, hex or base64): {exc}") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise BadInput(f"--key {path}: is a {type(key).__name__}, expected an ed25519 key")
-    return key
+            return serialization.load_pem_public_key(raw)
+        if len(raw) == 32:
+            return Ed25519PublicKey.from_public_bytes(raw)
+        text = raw.decode("ascii").strip()
+        return Ed25519PublicKey.from_public_bytes(bytes.fromhex(text) if len(text) == 64
+                                                  else base64.b64decode(text, validate=True))
+
+    return _load_key(path, "--key", "ed25519 public key", "PEM, 32 raw bytes, hex or base64", Ed25519PublicKey, parse)
 
 
 def public_raw(key) -> bytes:
