@@ -128,6 +128,17 @@ def run_manifest(arm_name: str, run_id: str, **workload) -> dict:
             "repository": {"allow_dirty": False, "state": {}}}
 
 
+@pytest.fixture(autouse=True)
+def process_environment_restored():
+    """Every test leaves os.environ as it found it: what a test (or a library it calls in-process, such as
+    ``ray.init()``, which sets RAY_AUTH_MODE) writes there would otherwise reach every later subprocess."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 @pytest.fixture(scope="session")
 def docker_engine():
     import docker

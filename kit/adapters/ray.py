@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import urllib.request
 from typing import Callable
@@ -85,11 +86,25 @@ def jobs_client(address: str):
     return JobSubmissionClient(address)
 
 
+def auth_headers() -> dict:
+    """The ``Authorization`` header Ray's own clients send when ``RAY_AUTH_MODE=token`` (the token from
+    RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); ``{}`` otherwise, without importing Ray."""
+    if (os.environ.get("RAY_AUTH_MODE") or "").strip().lower() != "token":
+        return {}
+    from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
+
+    return dict(get_auth_headers_if_auth_enabled({}))
+
+
+def _get(url: str, timeout_s: float):
+    return urllib.request.urlopen(urllib.request.Request(url, headers=auth_headers()), timeout=timeout_s)
+
+
 def dashboard_version(address: str, timeout_s: float = 10.0) -> dict:
     """The dashboard's public ``/api/version`` answer: ``{"version", "ray_version", "ray_commit", ...}``.
 
     Raises OSError or ValueError when nothing (or no JSON) answers."""
-    with urllib.request.urlopen(f"{address.rstrip('/')}/api/version", timeout=timeout_s) as resp:
+    with _get(f"{address.rstrip('/')}/api/version", timeout_s) as resp:
         return json.loads(resp.read().decode())
 
 
@@ -102,7 +117,7 @@ def wait_for_jobs_api(address: str, timeout_s: float = 90.0, *, unreachable=None
     last = ""
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"{address}/api/version", timeout=3) as resp:
+            with _get(f"{address}/api/version", 3) as resp:
                 if resp.status == 200:
                     return
         except Exception as exc:

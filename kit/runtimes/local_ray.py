@@ -45,6 +45,28 @@ def ray_start_command(temp_dir: str, dashboard_port: int, num_cpus: int) -> list
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
+def local_head_auth(env: dict, home: str) -> dict:
+    """The Ray token-auth settings for the kit's local head, made explicit, since the head runs with a
+    HOME of its own and would not find ``~/.ray/auth_token`` there (and Ray >= 2.52 turns token auth on
+    in any process that ran ``ray.init()`` on a new local cluster).
+
+    - ``RAY_AUTH_MODE`` other than ``token``: the head runs with ``RAY_AUTH_MODE=disabled``.
+    - ``RAY_AUTH_MODE=token``: the head takes ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH`` as given, else
+      the token in ``home`` (``home/.ray/auth_token``); with none of them, BadInput.
+
+    ``local_head_auth({}, "/root") == {"RAY_AUTH_MODE": "disabled"}``"""
+    if (env.get("RAY_AUTH_MODE") or "").strip().lower() != "token":
+        return {"RAY_AUTH_MODE": "disabled"}
+    if env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH"):
+        return {"RAY_AUTH_MODE": "token"}
+    token_file = Path(home) / ".ray" / "auth_token"
+    if token_file.is_file():
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    raise BadInput(f"RAY_AUTH_MODE=token, but no Ray auth token: neither RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH nor "
+                   f"{token_file} is set or present; accepted: one of them (`ray get-auth-token --generate` "
+                   "writes the file), or RAY_AUTH_MODE unset or disabled for the kit's local head")
+
+
 def local_no_proxy(env: dict) -> dict:
     """``env`` with the local head's addresses in NO_PROXY/no_proxy, so an HTTP(S)_PROXY never carries
     traffic to it: ``local_no_proxy({"NO_PROXY": "corp"})["NO_PROXY"] == "corp,127.0.0.1,localhost,::1"``."""
@@ -72,7 +94,8 @@ class LocalRayRuntime(RayRuntime):
         self.marker = f"RAY_TMPDIR={self.temp_dir}"
 
     def preflight(self) -> None:
-        env = local_no_proxy({**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": self.temp_dir,
+        auth = local_head_auth(dict(os.environ), str(Path.home()))
+        env = local_no_proxy({**os.environ, **auth, "RAY_USAGE_STATS_ENABLED": "0", "HOME": self.temp_dir,
                               "RAY_TMPDIR": self.temp_dir})
         env.pop("RAY_ADDRESS", None)
         os.environ.update({k: env[k] for k in ("NO_PROXY", "no_proxy")})   # the kit's own calls to the head too

@@ -192,6 +192,7 @@ def test_ray_actors_give_the_in_process_records(monkeypatch):
     import ray
 
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")   # else a new local ray.init() turns token auth on in os.environ
     # Ray's socket paths must stay under 107 bytes, so a short temp dir rather than pytest's tmp_path
     temp = tempfile.mkdtemp(prefix="rlk-ray-")
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp)

@@ -8,6 +8,8 @@ import subprocess
 import pytest
 
 from conftest import run_kit
+from kit.model.errors import BadInput
+from kit.runtimes.local_ray import local_head_auth
 
 
 def ray_heads() -> int:
@@ -43,3 +45,35 @@ def test_smoke_as_a_ray_job_on_a_local_head(tmp_path):
     cmp = run_kit("compare", "--json", str(tmp_path / "runs" / "in-process-1"), str(run_dir))
     doc = json.loads(cmp.stdout)
     assert cmp.returncode == 0 and doc["controlled"], [d for d in doc["differences"] if d["status"] == "uncontrolled"]
+
+
+def test_the_local_heads_auth_mode_is_explicit(tmp_path):
+    assert local_head_auth({}, str(tmp_path)) == {"RAY_AUTH_MODE": "disabled"}
+    assert local_head_auth({"RAY_AUTH_MODE": "disabled"}, str(tmp_path)) == {"RAY_AUTH_MODE": "disabled"}
+    assert local_head_auth({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "t"}, str(tmp_path)) == {"RAY_AUTH_MODE": "token"}
+    with pytest.raises(BadInput, match="RAY_AUTH_MODE=token.*RAY_AUTH_TOKEN_PATH.*ray get-auth-token --generate"):
+        local_head_auth({"RAY_AUTH_MODE": "token"}, str(tmp_path))
+    token = tmp_path / ".ray" / "auth_token"
+    token.parent.mkdir()
+    token.write_text("a" * 32)
+    assert local_head_auth({"RAY_AUTH_MODE": "TOKEN"}, str(tmp_path)) == \
+        {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+
+
+@pytest.mark.ray
+def test_token_auth_in_the_environment_reaches_the_local_head(tmp_path):
+    """RAY_AUTH_MODE=token (set by the user, or by an earlier ray.init() in the same shell): the kit's head,
+    which has a HOME of its own, still gets the user's token; with no token at all, exit 2 and no run."""
+    home = tmp_path / "home"
+    none = run_kit("run", "--arm", "smoke", "--ray-head", "--rollouts", "1", "--workspace", str(tmp_path / "ws"),
+                   "--allow-dirty", "--run-id", "no-token", env={"RAY_AUTH_MODE": "token", "HOME": str(home)})
+    assert none.returncode == 2, none.stderr[-3000:]
+    assert "RAY_AUTH_MODE=token" in none.stderr and "Traceback" not in none.stderr
+    assert not (tmp_path / "ws" / "runs" / "no-token").exists()
+
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("0123456789abcdef" * 4)
+    ok = run_kit("run", "--arm", "smoke", "--ray-head", "--rollouts", "1", "--workspace", str(tmp_path / "ws"),
+                 "--allow-dirty", "--run-id", "with-token", env={"RAY_AUTH_MODE": "token", "HOME": str(home)})
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert run_kit("verify", str(tmp_path / "ws" / "runs" / "with-token")).returncode == 0
