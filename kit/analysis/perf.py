@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from kit.analysis import length_control
 from kit.analysis.alignment import alignment, incomplete_steps, step_ranges
@@ -197,10 +198,15 @@ SUMMARY_CSV_COLUMNS = (
 
 def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: int = BOOTSTRAP_DRAWS,
                  seed: int = BOOTSTRAP_SEED, scheme: str = "kit", length_lines: str = length_control.DEFAULT,
-                 gpus: int | None = None, compare=None, accept_gate_sets: bool = False) -> PerfReport:
+                 gpus: int | None = None, compare=None, accept_gate_sets: bool = False,
+                 on_descriptives: Callable[[PerfReport], None] | None = None) -> PerfReport:
     """Everything ``kit analyze perf`` reports, as data. ``pairing`` is auto, paired or unpaired;
     ``scheme`` the bootstrap's (stats.SCHEMES); ``length_lines`` which length control leads (shared,
     per-arm; both are reported); ``gpus`` overrides each manifest's topology.gpus.
+
+    ``on_descriptives`` is called with a partial report (rows, comparability, the all-steps subset's
+    descriptive statistics; no comparison yet) before the bootstrap, so that figures which need no more
+    can be drawn while it runs.
 
     Pairing is decided per subset and pair of arms: paired only when both arms have the subset's
     steps at the same indices (a subset such as fully_truncated can hold different steps per arm even
@@ -226,19 +232,24 @@ def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: in
     verdict = assess(arms, compare, accept_gate_sets=accept_gate_sets)
     resampler = Resampler(draws, seed, scheme)
 
-    subsets = {}
-    summary_rows = []
+    subsets, chosen_of, stats_of = {}, {}, {}
     for subset, (keep, definition) in SUBSETS.items():
-        chosen = {n: [r for r in rows if keep(r)] for n, rows in per_arm.items()}
-        block = {"definition": definition, "arms": {}, "comparisons": []}
-        stats = {}
-        for name, rows in chosen.items():
-            stats[name] = {col: describe([r[col] for r in rows]) for col in NUMERIC}
-            block["arms"][name] = {"steps": len(rows), "metrics": stats[name]}
+        chosen_of[subset] = chosen = {n: [r for r in rows if keep(r)] for n, rows in per_arm.items()}
+        stats_of[subset] = {n: {col: describe([r[col] for r in rows]) for col in NUMERIC} for n, rows in chosen.items()}
+        subsets[subset] = {"definition": definition,
+                           "arms": {n: {"steps": len(rows), "metrics": stats_of[subset][n]} for n, rows in chosen.items()},
+                           "comparisons": []}
+    if on_descriptives is not None:
+        # copies: the rows get their comparison label below, while a drawing process may still be reading these
+        early = {"subsets": {"all": {**subsets["all"], "comparisons": []}}}
+        on_descriptives(PerfReport(tuple(dict(r) for n in names for r in per_arm[n]), early, (), verdict,
+                                   tuple(names)))
+    summary_rows = []
+    for subset in SUBSETS:
+        chosen, stats, block = chosen_of[subset], stats_of[subset], subsets[subset]
         ref = names[0]
         for other in names[1:]:
             block["comparisons"].append(_compare(ref, other, chosen, stats, pairing, resampler, verdict))
-        subsets[subset] = block
         comparisons = {c["other"]: c for c in block["comparisons"]}
         for name in names:
             for col in NUMERIC:

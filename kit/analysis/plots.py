@@ -87,11 +87,14 @@ PERF_DRAWINGS = ("performance-decomposition", "length-controlled-scaling", "stag
                  "token-normalized-throughput")
 
 
-def perf_figure_tasks(report, out_dir: Path) -> list:
-    """One ``(function, args)`` per perf figure, the costliest first so that two workers end together."""
+def perf_figure_tasks(report, out_dir: Path, part: str = "all") -> list:
+    """One ``(function, args)`` per perf figure, the costliest first so that two workers end together.
+
+    ``part``: ``early`` the figures that read only rows and descriptive statistics (drawable from
+    analyze_perf's ``on_descriptives`` report, during the bootstrap), ``late`` the ones that show CIs."""
     view = perf_view(report)
-    return [(fn, (view, out_dir)) for fn in (stage_time_series, length_controlled_scaling,
-                                             token_normalized_throughput, performance_decomposition)]
+    chosen = {"early": EARLY_DRAWINGS, "late": LATE_DRAWINGS}.get(part, EARLY_DRAWINGS + LATE_DRAWINGS)
+    return [(fn, (view, out_dir)) for fn in sorted(chosen, key=DRAWING_COST.index)]
 
 
 def perf_figures(report, out_dir: Path, pool=None) -> list[str]:
@@ -346,3 +349,9 @@ def noise_floor_figure(doc, out_dir: Path) -> list[str]:
     subtitle = ("noise floor = range of one arm's seed means (runs that differ only in seed); a difference exceeds it "
                 "when its CI excludes 0 and it is larger than both arms' ranges")
     return _save(fig, out_dir, "noise-floor", subtitle, {"top": 0.86, "bottom": 0.12, "hspace": 0.6, "wspace": 0.45})
+
+
+# The costliest first; early figures need no comparison, late ones print bootstrap and OLS CIs.
+DRAWING_COST = (stage_time_series, length_controlled_scaling, token_normalized_throughput, performance_decomposition)
+EARLY_DRAWINGS = (stage_time_series, token_normalized_throughput)
+LATE_DRAWINGS = (length_controlled_scaling, performance_decomposition)

@@ -165,15 +165,34 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
 
 def _perf_outputs(runs, names, global_batch_size, paired, steady_from, draws, seed, scheme, length_lines, gpus,
                   accept_gate_sets, out_dir, figures, monitored, pool):
-    """Read, analyse and publish; returns (report, alignment warnings, the paths written)."""
+    """Read, analyse and publish; returns (report, alignment warnings, the paths written).
+
+    The figures that need no comparison are handed to the drawing processes before the bootstrap
+    runs (analyze_perf's ``on_descriptives``), the others as soon as it is done."""
     arms = _load(runs, names, global_batch_size)
     pairing = "auto" if paired is None else ("paired" if paired else "unpaired")
-    report = analyze_perf(arms, steady_from=steady_from, pairing=pairing, draws=draws, seed=seed, scheme=scheme,
-                          length_lines=length_lines, gpus=gpus, accept_gate_sets=accept_gate_sets)
-    warnings = report.summary["alignment"]["warnings"]
+    done: dict = {}
 
     def produce(tmp: Path) -> list[str]:
-        drawn = pool.start(perf_figure_tasks(report, tmp)) if figures else list     # drawn while the tables are written
+        drawing = []
+
+        def draw(report, part):
+            drawing.append(pool.start(perf_figure_tasks(report, tmp, part)) if figures else list)
+
+        try:
+            report = analyze_perf(arms, steady_from=steady_from, pairing=pairing, draws=draws, seed=seed,
+                                  scheme=scheme, length_lines=length_lines, gpus=gpus,
+                                  accept_gate_sets=accept_gate_sets, on_descriptives=lambda r: draw(r, "early"))
+            draw(report, "late")                      # drawn while the tables are written
+        except BaseException:
+            for collect in drawing:                   # no drawing process may still write into tmp
+                try:
+                    collect()
+                except Exception:                     # the first error is the one reported
+                    pass
+            raise
+        warnings = done["warnings"] = report.summary["alignment"]["warnings"]
+        done["report"] = report
         written = [write_csv(tmp / "step-metrics.csv", COLUMNS, report.rows),
                    write_csv(tmp / "summary.csv", SUMMARY_CSV_COLUMNS, report.summary_rows),
                    write_json(tmp / "summary.json", report.summary, SCHEMA)]
@@ -181,12 +200,13 @@ def _perf_outputs(runs, names, global_batch_size, paired, steady_from, draws, se
         notes += [f"uneven data: {w}" for w in warnings] if notes else (
             [report.summary["comparison"]["headline"], ""] + [f"uneven data: {w}" for w in warnings] if warnings else [])
         written += _write_notes(tmp, notes)
-        written += [name for names in drawn() for name in names]
+        written += [name for collect in drawing for names in collect() for name in names]
         if monitored:   # GPU and host monitors of the run dirs, beside their step times
             written += _monitor_figure(runs, arms, report, tmp)
         return written
 
-    return report, warnings, publish(out_dir, produce)
+    paths = publish(out_dir, produce)
+    return done["report"], done["warnings"], paths
 
 
 def _monitor_figure(runs, arms, report, tmp: Path) -> list[str]:

@@ -10,7 +10,7 @@ import pytest
 from fixtures_vime_logs import write_published_logs
 from kit.analysis.figure_pool import FigurePool, idle_cores
 from kit.analysis.perf import analyze_perf
-from kit.analysis.plots import PERF_DRAWINGS, perf_figures
+from kit.analysis.plots import PERF_DRAWINGS, perf_figure_tasks, perf_figures
 from kit.analysis.stats import exact_mean
 from kit.analysis.table import load_arms
 
@@ -27,6 +27,31 @@ def test_two_workers_draw_the_same_bytes_as_this_process(tmp_path):
     assert serial == parallel == [f"{s}.{e}" for s in PERF_DRAWINGS for e in ("png", "pdf")]
     for name in serial:
         assert (here / name).read_bytes() == (there / name).read_bytes(), name
+
+
+def test_early_figures_come_from_descriptives_and_equal_the_full_reports(tmp_path):
+    """The figures handed out before the bootstrap (on_descriptives) are the bytes the full report draws."""
+    logs = write_published_logs(tmp_path / "logs")
+    arms = load_arms([logs["G10"], logs["G11"]])
+    seen = []
+    report = analyze_perf(arms, draws=200, on_descriptives=seen.append)
+    (early,) = seen
+    assert list(early.summary) == ["subsets"] and list(early.summary["subsets"]) == ["all"]
+    assert early.summary["subsets"]["all"]["comparisons"] == []                 # drawn before any bootstrap
+    assert report.summary["subsets"]["all"]["comparisons"]
+    assert early.summary["subsets"]["all"]["arms"] == report.summary["subsets"]["all"]["arms"]
+    assert all("comparison" not in r for r in early.rows) and all("comparison" in r for r in report.rows)
+    early_dir, full_dir = tmp_path / "early", tmp_path / "full"
+    early_dir.mkdir(), full_dir.mkdir()
+    drawn = [n for fn, args in perf_figure_tasks(early, early_dir, "early") for n in fn(*args)]
+    assert sorted(drawn) == ["stage-time-series.pdf", "stage-time-series.png", "token-normalized-throughput.pdf",
+                             "token-normalized-throughput.png"]
+    for fn, args in perf_figure_tasks(report, full_dir):
+        fn(*args)
+    for name in drawn:
+        assert (early_dir / name).read_bytes() == (full_dir / name).read_bytes(), name
+    late = [fn.__name__ for fn, _ in perf_figure_tasks(report, full_dir, "late")]
+    assert late == ["length_controlled_scaling", "performance_decomposition"]
 
 
 def test_a_failing_figure_is_an_error_not_a_hang(tmp_path):
