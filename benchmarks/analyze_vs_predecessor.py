@@ -59,11 +59,14 @@ def main() -> None:
     parser.add_argument("--origin", default="the published study's analyze_performance.py, transcribed from its "
                                             "public commit da6c7da", help="where the predecessor's script came from")
     parser.add_argument("--pairs", type=int, default=7)
+    parser.add_argument("--note", default="", help="a line about the host, printed with the results")
     args = parser.parse_args()
     if args.predecessor is None or not Path(args.predecessor).is_file():
         raise SystemExit("--predecessor PATH (or RLK_PREDECESSOR_ANALYZER): the predecessor's analyze_performance.py")
     predecessor = Path(args.predecessor).resolve()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    # this checkout first; a PYTHONPATH already set (packages installed with --target) stays behind it
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               MPLBACKEND="Agg")
     env.pop("KIT_FIGURE_WORKERS", None)
     serial_env = dict(env, KIT_FIGURE_WORKERS="0")
     load_before = os.getloadavg()
@@ -103,6 +106,7 @@ def main() -> None:
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
         f"load average (1, 5, 15 min) {', '.join(f'{x:.1f}' for x in load_before)} at the start, "
         f"{', '.join(f'{x:.1f}' for x in load_after)} at the end",
+        *([f"host: {args.note}"] if args.note else []),
         f"predecessor: {predecessor.name}, sha256 {hashlib.sha256(predecessor.read_bytes()).hexdigest()}",
         f"  from: {args.origin}",
         f"  figure files: {len(old_figs)} ({', '.join(old_figs)})",
