@@ -6,8 +6,9 @@ The pool forks its workers when the command starts; each imports matplotlib and 
 The figures are then drawn in parallel, one task per figure. Where fork is not available, or the pool
 cannot start, everything is drawn in this process instead: the same files, only slower.
 Workers pay off only on idle cores: on a host whose load already fills its cores, they would only add
-matplotlib's import to each of them, so the default is two workers, fewer by the cores the 1-minute
-load average already takes. ``KIT_FIGURE_WORKERS`` sets the number (0 draws here). Example::
+matplotlib's import to each of them, so the default is one worker per figure (``most``: 2 unless the
+command says how many figures it draws), never more than the cores the 1-minute load average leaves
+idle. ``KIT_FIGURE_WORKERS`` sets the number (0 draws here). Example::
 
     with FigurePool() as pool:              # before reading the logs
         report = analyze_perf(load_arms(paths))
@@ -53,13 +54,15 @@ def idle_cores() -> int:
 
 
 class FigurePool:
-    """Up to ``workers`` forked drawing processes (fewer on fewer cores); ``map`` runs figure tasks."""
+    """Up to ``workers`` forked drawing processes (fewer on fewer cores); ``map`` runs figure tasks.
 
-    def __init__(self, workers: int | None = None):
+    ``most``: how many figures the command draws, the most workers worth starting by default."""
+
+    def __init__(self, workers: int | None = None, *, most: int = WORKERS):
         self._executor = None
         if workers is None:
             text = os.environ.get(WORKERS_ENV, "")
-            workers = int(text) if text.isdigit() else min(WORKERS, idle_cores())
+            workers = int(text) if text.isdigit() else min(most, idle_cores())
         workers = min(workers, os.cpu_count() or 1)
         if workers < 1 or "fork" not in multiprocessing.get_all_start_methods():
             return

@@ -146,7 +146,8 @@ def perf(runs, out_dir, names, global_batch_size, figures, as_json, paired, stea
     monitored = figures and any(has_monitors(Path(r)) for r in runs)
     files = PERF_FILES + (NOTES_FILE,) + _figure_files(PERF_FIGURES + ((MONITORS_FIGURE,) if monitored else ()), figures)
     refuse_existing(out_dir, files)
-    with FigurePool() if figures else contextlib.nullcontext() as pool:     # drawing processes warm up during the statistics
+    # drawing processes (one per figure, on idle cores) warm up during the statistics
+    with FigurePool(most=len(PERF_FIGURES)) if figures else contextlib.nullcontext() as pool:
         report, warnings, paths = _perf_outputs(runs, names, global_batch_size, paired, steady_from, draws, seed,
                                                 scheme, length_lines, gpus, accept_gate_sets, out_dir, figures,
                                                 monitored, pool)

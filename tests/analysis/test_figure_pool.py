@@ -67,6 +67,17 @@ def test_worker_count(monkeypatch):
     assert 0 <= idle_cores() <= 2 or idle_cores() <= (__import__("os").cpu_count() or 1)
 
 
+def test_one_worker_per_figure_on_idle_cores_only(monkeypatch):
+    import kit.analysis.figure_pool as figure_pool
+
+    monkeypatch.delenv("KIT_FIGURE_WORKERS", raising=False)
+    monkeypatch.setattr(figure_pool.os, "cpu_count", lambda: 16)
+    for idle, most, expected in ((16, 4, 4), (16, None, 2), (1, 4, 1), (0, 4, 0)):
+        monkeypatch.setattr(figure_pool, "idle_cores", lambda idle=idle: idle)
+        with FigurePool(**({"most": most} if most else {})) as pool:
+            assert (pool._executor._max_workers if pool._executor else 0) == expected, (idle, most)
+
+
 def test_exact_mean_is_statistics_mean():
     rng = random.Random(20)
     for trial in range(3000):
