@@ -7,8 +7,8 @@ The figures are then drawn in parallel, one task per figure. Where fork is not a
 cannot start, everything is drawn in this process instead: the same files, only slower.
 Workers pay off only on idle cores: on a host whose load already fills its cores, they would only add
 matplotlib's import to each of them, so the default is one worker per figure (``most``: 2 unless the
-command says how many figures it draws), never more than the cores the 1-minute load average leaves
-idle. ``KIT_FIGURE_WORKERS`` sets the number (0 draws here). Example::
+command says how many figures it draws), never more than the cores no other runnable task holds
+(``idle_cores``) less the one this process needs for the statistics: on two idle cores, one worker. ``KIT_FIGURE_WORKERS`` sets the number (0 draws here). Example::
 
     with FigurePool() as pool:              # before reading the logs
         report = analyze_perf(load_arms(paths))
@@ -43,14 +43,25 @@ def _warm() -> None:
         fig.savefig(io.BytesIO(), format=fmt, dpi=20)
 
 
-def idle_cores() -> int:
-    """Cores the 1-minute load average leaves free (all of them where the OS has no load average)."""
+def idle_cores(loadavg: str | None = None) -> int:
+    """Cores that no other runnable task holds right now, from /proc/loadavg's ``running/total`` field
+    (this process counts itself once); where it is missing, the 1-minute load average. A command of two
+    seconds needs the cores of the next two seconds: the 1-minute average still carries work that
+    has just ended (the previous command), which would leave cores unused.
+
+    ``idle_cores("0.50 0.40 0.30 1/250 9")`` is every core; ``"2.0 1.0 0.5 3/250 9"`` is two fewer."""
     cores = os.cpu_count() or 1
     try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return cores
-    return max(0, min(cores, int(cores - load + 0.5)))
+        if loadavg is None:
+            with open("/proc/loadavg") as fh:
+                loadavg = fh.read()
+        busy = max(0, int(loadavg.split()[3].split("/")[0]) - 1)
+    except (OSError, IndexError, ValueError):
+        try:
+            busy = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return cores
+    return max(0, min(cores, int(cores - busy + 0.5)))
 
 
 class FigurePool:
@@ -62,7 +73,8 @@ class FigurePool:
         self._executor = None
         if workers is None:
             text = os.environ.get(WORKERS_ENV, "")
-            workers = int(text) if text.isdigit() else min(most, idle_cores())
+            # one idle core stays with this process, which runs the statistics while the workers draw
+            workers = int(text) if text.isdigit() else min(most, idle_cores() - 1)
         workers = min(workers, os.cpu_count() or 1)
         if workers < 1 or "fork" not in multiprocessing.get_all_start_methods():
             return

@@ -67,12 +67,21 @@ def test_worker_count(monkeypatch):
     assert 0 <= idle_cores() <= 2 or idle_cores() <= (__import__("os").cpu_count() or 1)
 
 
+def test_idle_cores_are_the_ones_no_other_runnable_task_holds(monkeypatch):
+    monkeypatch.setattr("kit.analysis.figure_pool.os.cpu_count", lambda: 4)
+    assert idle_cores("3.90 3.10 2.00 1/250 999") == 4      # a busy minute that has ended: all idle now
+    assert idle_cores("0.10 0.10 0.10 3/250 999") == 2      # two other tasks run right now
+    assert idle_cores("0.10 0.10 0.10 9/250 999") == 0
+    monkeypatch.setattr("kit.analysis.figure_pool.os.getloadavg", lambda: (1.2, 0.0, 0.0))
+    assert idle_cores("garbled") == 3                        # no running count: the 1-minute load average
+
+
 def test_one_worker_per_figure_on_idle_cores_only(monkeypatch):
     import kit.analysis.figure_pool as figure_pool
 
     monkeypatch.delenv("KIT_FIGURE_WORKERS", raising=False)
     monkeypatch.setattr(figure_pool.os, "cpu_count", lambda: 16)
-    for idle, most, expected in ((16, 4, 4), (16, None, 2), (1, 4, 1), (0, 4, 0)):
+    for idle, most, expected in ((16, 4, 4), (16, None, 2), (2, 4, 1), (1, 4, 0), (0, 4, 0)):
         monkeypatch.setattr(figure_pool, "idle_cores", lambda idle=idle: idle)
         with FigurePool(**({"most": most} if most else {})) as pool:
             assert (pool._executor._max_workers if pool._executor else 0) == expected, (idle, most)
