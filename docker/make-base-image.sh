@@ -18,13 +18,16 @@
 # `docker build` itself never touches the network.
 #
 # Usage: docker/make-base-image.sh [TAG]          (default rlk-kit/debian-base:bookworm)
+#        PACKAGES=a,b CREATED_BY=NAME docker/make-base-image.sh TAG   (another package set; see
+#        docker/make-builder-image.sh)
 #        MIRROR=http://deb.debian.org/debian docker/make-base-image.sh
 set -eu
 
 TAG="${1:-rlk-kit/debian-base:bookworm}"
 MIRROR="${MIRROR:-http://deb.debian.org/debian}"
 SUITE=bookworm
-PACKAGES="python3,python3-venv,git,ca-certificates"
+PACKAGES="${PACKAGES:-python3,python3-venv,git,ca-certificates}"
+CREATED_BY="${CREATED_BY:-docker/make-base-image.sh}"
 
 for tool in mmdebstrap docker python3; do
     command -v "$tool" >/dev/null 2>&1 || {
@@ -39,7 +42,7 @@ export SOURCE_DATE_EPOCH
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT INT TERM
 
-echo "make-base-image: mmdebstrap $SUITE ($PACKAGES) from $MIRROR" >&2
+echo "$CREATED_BY: mmdebstrap $SUITE ($PACKAGES) from $MIRROR" >&2
 # --mode=root: the test hosts and CI run as root without user namespaces.
 # dpkg excludes drop docs and man pages to keep the image small. The package list is written
 # before apt's cache is emptied (the .debs are still there to hash).
@@ -57,9 +60,9 @@ python_version="$(tar -xOf "$tmp/rootfs.tar" ./var/lib/dpkg/status 2>/dev/null \
     | awk '/^Package: python3.11-minimal$/{p=1} p&&/^Version:/{print $2; exit}')"
 
 # The image config, written with the epoch as its time, and `docker load` of config + layer.
-python3 - "$tmp" "$TAG" "$SUITE" "$python_version" "$SOURCE_DATE_EPOCH" <<'PY'
+python3 - "$tmp" "$TAG" "$SUITE" "$python_version" "$SOURCE_DATE_EPOCH" "$CREATED_BY" <<'PY'
 import hashlib, json, os, sys, tarfile, time
-tmp, tag, suite, python_deb, epoch = sys.argv[1:]
+tmp, tag, suite, python_deb, epoch, created_by = sys.argv[1:]
 rootfs = os.path.join(tmp, "rootfs.tar")
 sha = hashlib.sha256()
 with open(rootfs, "rb") as f:
@@ -74,7 +77,7 @@ config = {
                "Labels": {"dev.rlk-kit.base.debian-suite": suite, "dev.rlk-kit.base.python-deb": python_deb,
                           "dev.rlk-kit.base.source-date-epoch": epoch}},
     "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-    "history": [{"created": created, "created_by": "docker/make-base-image.sh (mmdebstrap " + suite + ")"}],
+    "history": [{"created": created, "created_by": created_by + " (mmdebstrap " + suite + ")"}],
 }
 data = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 name = hashlib.sha256(data).hexdigest()
@@ -91,4 +94,4 @@ with tarfile.open(os.path.join(tmp, "image.tar"), "w") as out:
 print("sha256:" + name)
 PY
 docker load -q -i "$tmp/image.tar" >/dev/null
-echo "make-base-image: $TAG $(docker image inspect --format '{{.Id}}' "$TAG") (python3.11 $python_version)" >&2
+echo "$CREATED_BY: $TAG $(docker image inspect --format '{{.Id}}' "$TAG") (python3.11 $python_version)" >&2
