@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import html
+import ipaddress
 import threading
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,7 +32,13 @@ def bridge_gateway(client) -> str:
     """The host's address on the engine's default bridge (where a build step's network reaches it)."""
     try:
         config = client.networks.get("bridge").attrs["IPAM"]["Config"]
-        return next(c["Gateway"] for c in config if c.get("Gateway"))
+        gateway = next((c["Gateway"] for c in config if c.get("Gateway")), None)
+        if gateway is None:
+            # Some engines list only the subnet; the default bridge's gateway is then its first
+            # address (docker0's own, 172.17.0.1 for 172.17.0.0/16).
+            gateway = next(str(next(ipaddress.ip_network(c["Subnet"], strict=False).hosts()))
+                           for c in config if c.get("Subnet") and ":" not in c["Subnet"])
+        return gateway
     except Exception:   # no bridge network, or one without a gateway: say what the build needs
         raise CheckFailed("the engine's default bridge network has no gateway address; the CUDA build serves its "
                           "wheelhouse there (docker network inspect bridge)") from None
