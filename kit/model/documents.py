@@ -155,10 +155,15 @@ def _validator(schema: str):
 
 
 def json_pointer(parts: Iterable[Any]) -> str:
-    """RFC 6901 pointer for a path of keys and indices; ``""`` is the whole document."""
+    """RFC 6901 pointer for a path of keys and indices; ``""`` is the whole document. It goes into
+    one-line messages, so a control character of a key is written as its escape:
+    ``json_pointer(["inputs", "a\rb"]) == "/inputs/a\\rb"``."""
     out = ""
     for part in parts:
-        out += "/" + str(part).replace("~", "~0").replace("/", "~1")
+        text = str(part).replace("~", "~0").replace("/", "~1")
+        if not text.isprintable():
+            text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+        out += "/" + text
     return out
 
 

@@ -236,3 +236,13 @@ def test_an_arm_without_algorithm_means_grpo_with_its_engines_reward(lock_dir):
               "offload_train": False, "vllm_gpu_memory_utilization": 0.4}
     argv = train_command(doc, layout, "/workspace/runs/r", capture_sizes=[1, 2]).argv
     assert argv[argv.index("--rm-type") + 1] == "deepscaler" and argv[argv.index("--advantage-estimator") + 1] == "grpo"
+
+
+def test_a_schema_problem_under_a_key_with_control_characters_stays_on_one_line():
+    from kit.model.documents import json_pointer, schema_problems
+
+    assert json_pointer(["inputs", "a\rb", "c/d", "e~", 0]) == "/inputs/a\\rb/c~1d/e~0/0"
+    doc = {"schema": "rlk-kit/run-manifest/v2", "inputs": {"\r\n\x1b": False}}
+    pointers = [p for p, _ in schema_problems(doc, "run-manifest")]
+    assert pointers and all(p.isprintable() for p in pointers)
+    assert "/inputs/\\r\\n\\x1b" in pointers
