@@ -34,7 +34,7 @@ def test_layers_follow_rebuild_cost():
     line = next(x for x in groups[3].requirements().splitlines() if x.startswith("transformer-engine-torch"))
     # The compiled extension is a locked local wheel, pinned by its sha256 (docs/cuda-image.md).
     assert line == ("transformer-engine-torch==2.11.0 "
-                    "--hash=sha256:3e324d6ad159cc05c1153f5c918f08e96953fadc1e8f74481ea3bb542d696c30")
+                    "--hash=sha256:41f4e3f8f65e74b2b694b8bb2a7dcc19feca2b75e363f966dc4e13c6d75c7e82")
 
 
 def test_real_lock_keeps_the_rules():
