@@ -86,10 +86,15 @@ def jobs_client(address: str):
     return JobSubmissionClient(address)
 
 
+def token_auth_requested(env) -> bool:
+    """Whether ``env`` asks Ray for token authentication (``RAY_AUTH_MODE=token``, any case)."""
+    return (env.get("RAY_AUTH_MODE") or "").strip().lower() == "token"
+
+
 def auth_headers() -> dict:
     """The ``Authorization`` header Ray's own clients send when ``RAY_AUTH_MODE=token`` (the token from
     RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); ``{}`` otherwise, without importing Ray."""
-    if (os.environ.get("RAY_AUTH_MODE") or "").strip().lower() != "token":
+    if not token_auth_requested(os.environ):
         return {}
     from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
 

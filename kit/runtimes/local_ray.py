@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kit.adapters.ray import token_auth_requested
 from kit.model.engine_traits import traits
 from kit.model.holds import hold
 from kit.model.errors import BadInput, CheckFailed
@@ -55,7 +56,7 @@ def local_head_auth(env: dict, home: str) -> dict:
       the token in ``home`` (``home/.ray/auth_token``); with none of them, BadInput.
 
     ``local_head_auth({}, "/root") == {"RAY_AUTH_MODE": "disabled"}``"""
-    if (env.get("RAY_AUTH_MODE") or "").strip().lower() != "token":
+    if not token_auth_requested(env):
         return {"RAY_AUTH_MODE": "disabled"}
     if env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH"):
         return {"RAY_AUTH_MODE": "token"}
