@@ -42,7 +42,7 @@ from kit.build.image_checks import (  # noqa: F401
     verify_image_by_probe,
 )
 from kit.build.layout import LABEL_PREFIX
-from kit.build.plan import PLATFORMS, REVISION_LABEL, SOURCE_LABEL, BuildPlan, context_tar, make_plan, source_problems
+from kit.build.plan import PLATFORMS, BuildPlan, context_tar, make_plan, source_problems
 from kit.build.provenance import LABEL as PROVENANCE_LABEL
 from kit.build.repro_build import find_provenance, write_reproducible
 from kit.build.source_cache import source_cache_problems
@@ -126,10 +126,8 @@ def plan_build(stack, platform: str, *, workspace: Path, overrides: dict[str, Pa
         collected.notes.append(f"the base {entry['base_image']} is a tag and no engine here holds it: its local id, "
                                "which a build adds to the inputs, is unknown, so this tag and inputs sha256 are "
                                "provisional")
-    source_url, revision = kit_checkout()
     return make_plan(stack_doc, stack_sha, platform, collected.entries, kit_version=__version__,
-                     commit_dates=collected.commit_dates, base_image_id=base_id, source_url=source_url,
-                     revision=revision, extra_problems=collected.problems, notes=collected.notes, served=served)
+                     commit_dates=collected.commit_dates, base_image_id=base_id, extra_problems=collected.problems, notes=collected.notes, served=served)
 
 
 @dataclass
@@ -268,14 +266,10 @@ def _run_build(client, plan: BuildPlan, tar: bytes, nocache: bool, reproducible:
     return step, total, current, image_id, hits, log
 
 def _image_of_inputs(client, plan: BuildPlan):
-    """The image ``plan.tag`` names when its labels say it was built from exactly these inputs by
-    a checkout of this origin.
+    """The image ``plan.tag`` names when its labels say it was built from exactly these inputs.
 
-    Equal inputs alone are not enough: the source label (the checkout's origin) is not an input, and
-    an image made from another checkout would carry someone else's. Every label of the plan but the
-    revision must match, and a source label the plan leaves out must be absent too. The revision
-    may differ: it says which commit built the image, which stays true, and a new commit that leaves
-    the inputs alone (a README edit) must not give equal contents a new image id.
+    Every label is a function of the inputs, so an image built from another clone or another commit
+    of the kit with equal inputs is the same image (same id) and is reused as it is.
     """
     image = dockerdoor.find_image(client, plan.tag)
     if image is None:
@@ -283,8 +277,7 @@ def _image_of_inputs(client, plan: BuildPlan):
     found = image.labels or {}
     same = (found.get(f"{LABEL_PREFIX}.inputs.sha256") == plan.inputs_sha256
             and found.get(f"{LABEL_PREFIX}.stack.sha256") == plan.stack_sha256
-            and all(found.get(key) == value for key, value in plan.labels.items() if key != REVISION_LABEL)
-            and found.get(SOURCE_LABEL) == plan.labels.get(SOURCE_LABEL))
+            and all(found.get(key) == value for key, value in plan.labels.items()))
     return image if same else None
 
 
@@ -293,7 +286,7 @@ def _build_record(plan: BuildPlan, client, image_id: str, *, started: str, t0: f
     image = client.images.get(image_id)
     version = client.version()
     record = {
-        "schema": "rlk-kit/build-record/v3",
+        "schema": "rlk-kit/build-record/v4",
         "tag": plan.tag,
         "image_id": image_id,
         "platform": plan.platform,
@@ -308,6 +301,8 @@ def _build_record(plan: BuildPlan, client, image_id: str, *, started: str, t0: f
         "engine": {"version": version.get("Version", ""), "api_version": version.get("ApiVersion", ""),
                    "os": version.get("Os", ""), "arch": version.get("Arch", "")},
         "started_at": started,
+        # Which checkout ran the build: not an input, so not in the image (two clones give one id).
+        "checkout": dict(zip(("source", "revision"), kit_checkout())),
         "cached": cached,
         "steps": steps,
         "image_size_bytes": int(image.attrs.get("Size", 0)),

@@ -184,19 +184,13 @@ def created_timestamp(commit_dates: dict[str, int]) -> str | None:
     return datetime.fromtimestamp(max(commit_dates.values()), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-# Labels that say which kit checkout made an image; they are not build inputs.
-SOURCE_LABEL = "org.opencontainers.image.source"
-REVISION_LABEL = "org.opencontainers.image.revision"
-
-
 def labels(stack_doc: dict, stack_sha256: str, platform: str, *, inputs_sha256: str, kit_version: str,
-           kit_source_sha256: str | None = None, created: str | None = None, source_url: str | None = None,
-           revision: str | None = None, base_image_id: str | None = None) -> dict[str, str]:
-    """OCI labels plus one kit label per pin.
+           kit_source_sha256: str | None = None, created: str | None = None,
+           base_image_id: str | None = None) -> dict[str, str]:
+    """OCI labels plus one kit label per pin: every value is a function of the build's inputs.
 
-    ``source_url`` and ``revision`` describe the kit checkout that made the image (its ``origin``
-    remote and ``git rev-parse HEAD``, ``-dirty`` when the tree had changes); a label is left out
-    when its value is unknown rather than filled with a placeholder.
+    Which checkout ran the build (its origin URL and commit) is not: two clones of the same inputs
+    must give the same image id. The build record holds that (``checkout``), not the image.
     """
     entry = stack_doc["platforms"][platform]
     p = LABEL_PREFIX
@@ -210,10 +204,6 @@ def labels(stack_doc: dict, stack_sha256: str, platform: str, *, inputs_sha256: 
         f"{p}.platform": platform,
         f"{p}.python": stack_doc["python"],
     }
-    if source_url:
-        out[SOURCE_LABEL] = source_url
-    if revision:
-        out[REVISION_LABEL] = revision
     if kit_source_sha256:
         # The kit files baked into the image (kit-src/ of the context), whatever commit they are at.
         out[f"{p}.kit.source-sha256"] = kit_source_sha256
@@ -244,11 +234,11 @@ def labels(stack_doc: dict, stack_sha256: str, platform: str, *, inputs_sha256: 
     return out
 
 
-# Kit labels that depend on the build (context, checkout, engine), not on the stack.
+# Kit labels that depend on the build's context and base, not on the stack.
 BUILD_LABELS = (f"{LABEL_PREFIX}.inputs.sha256", f"{LABEL_PREFIX}.kit.source-sha256", f"{LABEL_PREFIX}.base.id")
 
 
-# Labels that a stack determines; the rest (inputs, created, revision) depend on the build context.
+# Labels that a stack determines; the rest (inputs, created) depend on the build context.
 def pin_labels(stack_doc: dict, stack_sha256: str, platform: str) -> dict[str, str]:
     """The labels an image of this stack must carry whatever context it was built from."""
     full = labels(stack_doc, stack_sha256, platform, inputs_sha256="", kit_version="")
@@ -275,7 +265,6 @@ def image_tag(stack_name: str, platform: str, inputs: str) -> str:
 
 def make_plan(stack_doc: dict, stack_sha256: str, platform: str, context: list[ContextEntry], *,
               kit_version: str, commit_dates: dict[str, int] | None = None, base_image_id: str | None = None,
-              source_url: str | None = None, revision: str | None = None,
               extra_problems: list[str] | None = None, notes: list[str] | None = None,
               served: dict | None = None) -> BuildPlan:
     """Assemble the plan. ``context`` must already hold the Dockerfile, scripts, stack and sources."""
@@ -289,8 +278,8 @@ def make_plan(stack_doc: dict, stack_sha256: str, platform: str, context: list[C
     inputs = inputs_sha256(dockerfile, args, ctx, base_image_id)
     kit_sha = hashlib.sha256(canonical_json([[e.path, e.digest] for e in ctx if e.path.startswith("kit-src/")])).hexdigest()
     lab = labels(stack_doc, stack_sha256, platform, inputs_sha256=inputs, kit_version=kit_version,
-                 kit_source_sha256=kit_sha, created=created_timestamp(commit_dates or {}), source_url=source_url,
-                 revision=revision, base_image_id=base_image_id)
+                 kit_source_sha256=kit_sha, created=created_timestamp(commit_dates or {}),
+                 base_image_id=base_image_id)
     lock_entry = next((e for e in ctx if e.path == "lock.json" and e.data is not None), None)
     if lock_entry is not None:
         lab[f"{LABEL_PREFIX}.lock.sha256"] = lock_sha256(json.loads(lock_entry.data))

@@ -232,24 +232,21 @@ def test_dry_run_lists_patches_of_unfetched_sources(tmp_path):
     assert plan["build_args"]["VIME_PATCHES"] == "a7010a4408a10e2030d2a8bdf5ebae0f5db7ea2c6890cca4a867142a1ca41b37:0-vime.patch"
 
 
-def test_labels_name_the_kit_checkout_not_a_placeholder(tmp_path):
+def test_labels_are_functions_of_the_inputs_not_of_the_checkout(tmp_path):
+    """Which clone or commit of the kit plans the build is not an input: no label may say it."""
     plan = _dry_run("cuda", "G10", tmp_path)
     lab = plan["labels"]
+    assert "org.opencontainers.image.revision" not in lab and "org.opencontainers.image.source" not in lab
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    # HEAD may move while the test runs in a shared checkout; the form is what is fixed.
-    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", lab["org.opencontainers.image.revision"])
-    assert len(head) == 40
+    assert head and head not in json.dumps(lab)
     assert re.fullmatch(r"[0-9a-f]{64}", lab["dev.rlk-kit.kit.source-sha256"])
     assert "rlk-kit.dev" not in json.dumps(lab)
-    has_origin = subprocess.run(["git", "-C", str(REPO), "remote", "get-url", "origin"], capture_output=True).returncode == 0
-    assert ("org.opencontainers.image.source" in lab) == has_origin
 
 
-def test_labels_without_checkout_omit_source_and_revision_and_record_the_local_base():
+def test_labels_record_the_local_base():
     stack = Catalog.default().stack("smoke")
     lab = labels(stack.document, stack.sha256, "cpu", inputs_sha256="0" * 64, kit_version="0.1.0",
                  base_image_id="sha256:" + "1" * 64)
-    assert "org.opencontainers.image.source" not in lab and "org.opencontainers.image.revision" not in lab
     assert lab["dev.rlk-kit.base.id"] == "sha256:" + "1" * 64
     # Build-dependent labels are not pins: an image built elsewhere still matches its stack.
     pins = pin_labels(stack.document, stack.sha256, "cpu")

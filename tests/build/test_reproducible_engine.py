@@ -32,7 +32,7 @@ def smoke_args(cpu_image, workspace):
 
 def test_image_is_written_by_the_kit_with_its_provenance_label(cpu_image, docker_engine):
     record = cpu_image.record
-    assert record["schema"] == "rlk-kit/build-record/v3"
+    assert record["schema"] == "rlk-kit/build-record/v4"
     image = docker_engine.images.get(cpu_image.tag)
     assert image.id == cpu_image.image_id
     assert image.labels[LABEL] == record["provenance"]["sha256"]
