@@ -13,6 +13,7 @@ build record, and checks existing images against a stack. Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import os
@@ -126,8 +127,11 @@ def plan_build(stack, platform: str, *, workspace: Path, overrides: dict[str, Pa
         collected.notes.append(f"the base {entry['base_image']} is a tag and no engine here holds it: its local id, "
                                "which a build adds to the inputs, is unknown, so this tag and inputs sha256 are "
                                "provisional")
-    return make_plan(stack_doc, stack_sha, platform, collected.entries, kit_version=__version__,
-                     commit_dates=collected.commit_dates, base_image_id=base_id, extra_problems=collected.problems, notes=collected.notes, served=served)
+    checkout = kit_checkout()
+    plan = make_plan(stack_doc, stack_sha, platform, collected.entries, kit_version=__version__,
+                     commit_dates=collected.commit_dates, base_image_id=base_id, extra_problems=collected.problems,
+                     notes=collected.notes, served=served)
+    return dataclasses.replace(plan, checkout=checkout)
 
 
 @dataclass
@@ -302,7 +306,7 @@ def _build_record(plan: BuildPlan, client, image_id: str, *, started: str, t0: f
                    "os": version.get("Os", ""), "arch": version.get("Arch", "")},
         "started_at": started,
         # Which checkout ran the build: not an input, so not in the image (two clones give one id).
-        "checkout": dict(zip(("source", "revision"), kit_checkout())),
+        "checkout": dict(zip(("source", "revision"), plan.checkout)),
         "cached": cached,
         "steps": steps,
         "image_size_bytes": int(image.attrs.get("Size", 0)),

@@ -21,27 +21,13 @@ import tarfile
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from kit.build.streams import CHUNK, HashingWriter
+
 # Files that record when/where a build ran, not what it built (Reproducible Builds' list).
 DROPPED = ("var/log/*", "var/cache/ldconfig/aux-cache", "var/lib/apt/lists/*", "var/cache/apt/*",
            "var/cache/debconf/*-old", "etc/machine-id", "var/lib/dbus/machine-id", "root/.cache/*")
 # Extended headers worth keeping: extended attributes (file capabilities). atime/ctime/mtime fractions are not.
 _KEPT_PAX = ("SCHILY.xattr.",)
-_CHUNK = 1 << 20
-
-
-class _HashingWriter:
-    """A write-only file that hashes and counts what passes through."""
-
-    def __init__(self, out: BinaryIO):
-        self.out, self.sha, self.size = out, hashlib.sha256(), 0
-
-    def write(self, data: bytes) -> int:
-        self.sha.update(data)
-        self.size += len(data)
-        return self.out.write(data)
-
-    def tell(self) -> int:
-        return self.size
 
 
 @dataclass
@@ -77,16 +63,19 @@ def _normal_header(member: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
 def normalize_layer(src: BinaryIO, dst: BinaryIO, *, epoch: int) -> LayerResult:
     """Rewrite the layer tar ``src`` into ``dst``; see the module docstring.
 
-    ``src`` is read once, as a stream (the engine's save stream): engines tar a layer in the
-    canonical order already (a sorted directory walk), so nothing is held back. When an entry
-    comes out of order the result says ``reordered`` and :func:`sort_layer` must run over ``dst``.
+    ``src`` is read once, front to back: it needs ``read``, ``tell`` and a ``seek`` that only
+    ever goes forward (a file, or the kit's reader over the engine's save stream). Engines tar a
+    layer in the canonical order already (a sorted directory walk), so nothing is held back. When
+    an entry comes out of order the result says ``reordered`` and :func:`sort_layer` must run over
+    ``dst``. (tarfile's "r:"/"w:" modes with 1 MiB copies, not its stream modes: the same bytes
+    in about 60% of the time, the stream modes moving data 10 KiB at a time.)
     """
-    writer = _HashingWriter(dst)
     kept = 0
     dropped_names: list[str] = []
     reordered, last = False, ()
-    with tarfile.open(fileobj=src, mode="r|") as tar, \
-            tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as out:
+    with HashingWriter(dst) as writer, tarfile.open(fileobj=src, mode="r:") as tar, \
+            tarfile.open(fileobj=writer, mode="w:", format=tarfile.PAX_FORMAT) as out:
+        out.copybufsize = CHUNK
         for member in tar:
             key = canonical_key(member.name)
             reordered = reordered or key < last
@@ -97,7 +86,7 @@ def normalize_layer(src: BinaryIO, dst: BinaryIO, *, epoch: int) -> LayerResult:
             info = _normal_header(member, epoch)
             out.addfile(info, tar.extractfile(member) if info.isreg() else None)
             kept += 1
-    return LayerResult("sha256:" + writer.sha.hexdigest(), writer.size, kept, dropped_names, reordered)
+    return LayerResult("sha256:" + writer.hexdigest(), writer.size, kept, dropped_names, reordered)
 
 
 def sort_layer(src: BinaryIO, dst: BinaryIO, *, epoch: int) -> LayerResult:
@@ -105,9 +94,9 @@ def sort_layer(src: BinaryIO, dst: BinaryIO, *, epoch: int) -> LayerResult:
     with tarfile.open(fileobj=src, mode="r:") as tar:
         members = sorted(tar.getmembers(), key=lambda m: canonical_key(m.name))
         names = {m.name for m in members}
-        writer = _HashingWriter(dst)
         written: set[str] = set()
-        with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as out:
+        with HashingWriter(dst) as writer, tarfile.open(fileobj=writer, mode="w:", format=tarfile.PAX_FORMAT) as out:
+            out.copybufsize = CHUNK
             for member in members:
                 info = _normal_header(member, epoch)
                 if member.islnk() and member.linkname not in written and member.linkname in names:
@@ -118,7 +107,7 @@ def sort_layer(src: BinaryIO, dst: BinaryIO, *, epoch: int) -> LayerResult:
                 else:
                     out.addfile(info, tar.extractfile(member) if info.isreg() else None)
                 written.add(member.name)
-    return LayerResult("sha256:" + writer.sha.hexdigest(), writer.size, len(members))
+    return LayerResult("sha256:" + writer.hexdigest(), writer.size, len(members))
 
 
 def layer_listing(src: BinaryIO) -> dict[str, dict]:
@@ -129,7 +118,7 @@ def layer_listing(src: BinaryIO) -> dict[str, dict]:
             sha = ""
             if member.isreg():
                 digest, handle = hashlib.sha256(), tar.extractfile(member)
-                for chunk in iter(lambda: handle.read(_CHUNK), b""):
+                for chunk in iter(lambda: handle.read(CHUNK), b""):
                     digest.update(chunk)
                 sha = digest.hexdigest()
             out[member.name] = {"type": member.type.decode(), "size": member.size, "mode": f"{member.mode:04o}",

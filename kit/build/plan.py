@@ -86,6 +86,9 @@ class BuildPlan:
     problems: tuple[str, ...] = ()
     # Files served to the build instead of sent in its context (cuda-debian's wheels): (name, path).
     served: tuple[tuple[str, str], ...] = ()
+    # The kit checkout the plan was made from, (origin URL, commit[-dirty]), read when the kit's
+    # files were: not an input, so in the build record only (not in the plan document or labels).
+    checkout: tuple[str | None, str | None] = (None, None)
 
     def to_json(self) -> dict:
         """The rlk-kit/build-plan/v2 document (``kit build --dry-run --json``)."""

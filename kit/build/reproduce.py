@@ -49,37 +49,8 @@ from pathlib import Path
 
 from kit.build.image_config import config_bytes, normalize_config
 from kit.build.layers import first_differences, layer_listing, normalize_layer, sort_layer
+from kit.build.streams import CHUNK, ForwardReader
 from kit.model.errors import CheckFailed
-
-_CHUNK = 1 << 20
-
-
-class _StreamReader:
-    """A read()-able file over an iterator of byte chunks (the engine's save stream)."""
-
-    def __init__(self, chunks):
-        self.chunks, self.buffer, self.pos = iter(chunks), b"", 0
-
-    def read(self, size: int = -1) -> bytes:
-        available = len(self.buffer) - self.pos
-        if 0 <= size <= available:   # the common case: tarfile reads blocks out of a 1 MiB chunk
-            data = self.buffer[self.pos:self.pos + size]
-            self.pos += size
-            return data
-        parts = [self.buffer[self.pos:]]
-        missing = size - available
-        self.buffer, self.pos = b"", 0
-        while size < 0 or missing > 0:
-            chunk = next(self.chunks, None)
-            if chunk is None:
-                break
-            if size >= 0 and len(chunk) > missing:
-                parts.append(chunk[:missing])
-                self.buffer, self.pos = chunk, missing
-                break
-            parts.append(chunk)
-            missing -= len(chunk)
-        return b"".join(parts)
 
 
 @dataclass
@@ -97,31 +68,13 @@ def base_layers(client, base_ref: str) -> list[str]:
     return list(client.images.get(base_ref).attrs.get("RootFS", {}).get("Layers", []))
 
 
-class _HashingReader:
-    """Reads through a file object, hashing what it returns (the engine's bytes of a layer)."""
-
-    def __init__(self, handle):
-        self.handle, self.sha = handle, hashlib.sha256()
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.handle.read(size)
-        self.sha.update(data)
-        return data
-
-
-def _drain(reader: _HashingReader) -> str:
-    for _ in iter(lambda: reader.read(_CHUNK), b""):
-        pass
-    return "sha256:" + reader.sha.hexdigest()
-
-
 def _save_normalized(client, image_id: str, directory: Path, base: set[str], epoch: int, say):
     """Stream ``docker save`` and normalize each layer as it passes: (manifest entry, raw config,
     {archive path: (engine diff id, LayerResult or None for a base layer, normalized file)})."""
-    stream = _StreamReader(client.api.get_image(image_id, chunk_size=_CHUNK))
+    stream = ForwardReader(client.api.get_image(image_id, chunk_size=CHUNK))
     layers: dict[str, tuple] = {}
     manifest = raw_config = None
-    with tarfile.open(fileobj=stream, mode="r|") as tar:
+    with tarfile.open(fileobj=stream, mode="r:") as tar:
         for member in tar:
             if not member.isreg():
                 continue
@@ -131,10 +84,12 @@ def _save_normalized(client, image_id: str, directory: Path, base: set[str], epo
             elif member.name.endswith("/layer.tar"):
                 say(f"normalizing layer {len(layers) + 1} ({member.size / 1e6:.0f} MB)")
                 out = directory / (member.name.split("/")[0] + ".tar")
-                reader = _HashingReader(handle)
+                stream.hash_window(member.offset_data, member.size)
                 with open(out, "wb") as dst:
-                    result = normalize_layer(reader, dst, epoch=epoch)
-                engine_digest = _drain(reader)
+                    result = normalize_layer(handle, dst, epoch=epoch)
+                for _ in iter(lambda: handle.read(CHUNK), b""):   # the end-of-archive padding: hashed too
+                    pass
+                engine_digest = stream.digest()
                 if engine_digest in base:
                     out.unlink()   # the base's layers stay as the base has them
                     layers[member.name] = (engine_digest, None, None)
@@ -221,7 +176,7 @@ def _load(client, config: bytes, layers: list[dict], tag: str) -> None:
                 yield body
             else:
                 with open(body, "rb") as handle:
-                    for chunk in iter(lambda: handle.read(_CHUNK), b""):
+                    for chunk in iter(lambda: handle.read(CHUNK), b""):
                         yield chunk
             if info.size % 512:
                 yield b"\0" * (512 - info.size % 512)
