@@ -99,7 +99,8 @@ def main() -> None:
                              "load_avg_1m_at_start": round(load, 2)}
                 if kind == "reproducible":
                     row[kind]["kit_part_s"] = result.durations_s.get("reproducible")
-                    row[kind]["kit_steps_s"] = result.normalized.seconds   # save+normalize, load
+                    row[kind]["kit_steps_s"] = result.normalized.seconds   # read+normalize, load
+                    row[kind]["layers_read_from"] = result.normalized.read_from
                 print(f"pair {pair + 1} {kind:13} {row[kind]['s']:8.1f} s  {result.image_id[:19]}  "
                       f"(load {load:.1f})", file=sys.stderr, flush=True)
                 shutil.rmtree(ws, ignore_errors=True)

@@ -82,7 +82,7 @@ def write_reproducible(client, plan: BuildPlan, engine_id: str, *, workspace: Pa
         "reproducible": {"epoch": build_epoch(plan), "engine_image_id": engine_id,
                          "config_digest": normalized.config_digest,
                          "layers": [{k: v for k, v in layer.items() if k != "file"} for layer in normalized.layers],
-                         "dropped_files": normalized.dropped[:200]},
+                         "dropped_files": normalized.dropped[:200], "layers_read_from": normalized.read_from},
         "provenance": {"path": str(path), "sha256": holder["sha256"]},
     }
     return normalized, part

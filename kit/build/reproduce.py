@@ -1,8 +1,10 @@
 """Reproducible images: the engine builds, the kit writes the bytes.
 
 The user's interface stays the engine (a Dockerfile, the classic builder's cache and steps). After
-the engine builds, the kit reads the image back (``docker save``), rewrites every layer the
-build added with :func:`kit.build.layers.normalize_layer` and the config with
+the engine builds, the kit reads the image back — from the engine's own store when this process
+can read it (:mod:`kit.adapters.docker_storage`: no copy of the whole image first, the base's
+layers not read; each layer checked against its diff id), else from ``docker save`` — rewrites
+every layer the build added with :func:`kit.build.layers.normalize_layer` and the config with
 :func:`kit.build.image_config.normalize_config`, and loads the result (``docker load``) under the
 tag. The base's layers are kept as they are: the base is pinned by its id/digest. A ``docker
 load`` of these bytes gives the same image id on any engine that keeps the config's bytes
@@ -19,8 +21,8 @@ provenance), and ``check_reproducible`` for ``--check-reproducible``.
 
 A multi-GB layer set (the CUDA image) goes through unchanged; what to know:
 
-* Memory stays flat: the engine's save stream is read once, in 1 MiB chunks, each layer rewritten
-  as it passes. Disk: ``<workspace>/tmp/layers-<tag>/`` holds every layer the build added
+* Memory stays flat: the engine's layers are read once, in 1 MiB chunks, each rewritten as it
+  passes. Disk: ``<workspace>/tmp/layers-<tag>/`` holds every layer the build added
   (uncompressed, the base's layers excluded) until the load; ``keep``/``--check-reproducible``
   keep the first build's tars until the comparison, so plan for twice the added bytes there.
 * Time grows with the added bytes (about 1 min per GB on 2 busy cores: save, rewrite, hash, load),
@@ -47,6 +49,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.adapters.docker_storage import StoreMismatch, stored_image
 from kit.build.image_config import config_bytes, normalize_config
 from kit.build.layers import first_differences, layer_listing, normalize_layer, sort_layer
 from kit.build.streams import CHUNK, ForwardReader
@@ -61,6 +64,7 @@ class NormalizedImage:
     directory: Path               # normalized layer tars, <index>.tar (removed unless kept)
     seconds: dict = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)
+    read_from: str = "save"       # "engine-store" when the layers came from the engine's store (docker_storage)
 
 
 def base_layers(client, base_ref: str) -> list[str]:
@@ -107,6 +111,36 @@ def _save_normalized(client, image_id: str, directory: Path, base: set[str], epo
     return manifest, raw_config, layers
 
 
+def _store_normalized(stored, directory: Path, base_count: int, epoch: int, say):
+    """The layers read from the engine's store (kit.adapters.docker_storage) instead of its save
+    stream; the same result as :func:`_save_normalized`. The base's layers are not read at all.
+    Each layer's bytes must hash to the diff id the config names, else StoreMismatch."""
+    names = [f"{index}/layer.tar" for index in range(len(stored.diff_ids))]
+    layers: dict[str, tuple] = {}
+    for index, (name, diff_id) in enumerate(zip(names, stored.diff_ids)):
+        if index < base_count:
+            layers[name] = (diff_id, None, None)
+            continue
+        stream = ForwardReader(stored.layer_chunks(index))
+        stream.hash_window(0)
+        out = directory / f"{index}.tar"
+        say(f"normalizing layer {index + 1} of {len(names)}")
+        with open(out, "wb") as dst:
+            result = normalize_layer(stream, dst, epoch=epoch)
+        for _ in iter(lambda: stream.read(CHUNK), b""):   # the end-of-archive padding: hashed too
+            pass
+        engine_digest = stream.digest()
+        if engine_digest != diff_id:
+            raise StoreMismatch(f"layer {index}: the engine's store gives {engine_digest}, its config says {diff_id}")
+        if result.reordered:
+            sorted_out = out.with_suffix(".sorted.tar")
+            with open(out, "rb") as src, open(sorted_out, "wb") as dst:
+                result = sort_layer(src, dst, epoch=epoch)
+            sorted_out.replace(out)
+        layers[name] = (diff_id, result, out)
+    return {"Layers": names}, json.loads(stored.config), layers
+
+
 def normalize_image(client, built_id: str, *, tag: str, epoch: int, base_diff_ids: list[str], workdir: Path,
                     labels_for=None, keep: bool = False, progress=None) -> NormalizedImage:
     """Rewrite the image ``built_id`` deterministically and load it as ``tag``; see the module docstring.
@@ -119,7 +153,19 @@ def normalize_image(client, built_id: str, *, tag: str, epoch: int, base_diff_id
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
-    manifest, raw_config, saved = _save_normalized(client, built_id, workdir, set(base_diff_ids), epoch, say)
+    stored = stored_image(client, built_id)
+    manifest = None
+    if stored is not None and list(stored.diff_ids[:len(base_diff_ids)]) == list(base_diff_ids):
+        try:
+            manifest, raw_config, saved = _store_normalized(stored, workdir, len(base_diff_ids), epoch, say)
+            read_from = "engine-store"
+        except (OSError, StoreMismatch, ValueError) as error:   # the save stream gives the engine's own answer
+            say(f"reading the engine's store failed ({error}); using docker save")
+            shutil.rmtree(workdir)
+            workdir.mkdir(parents=True)
+    if manifest is None:
+        manifest, raw_config, saved = _save_normalized(client, built_id, workdir, set(base_diff_ids), epoch, say)
+        read_from = "save"
     t_norm = time.monotonic()
     layers, diff_ids, dropped = [], [], []
     for index, name in enumerate(manifest["Layers"]):
@@ -149,8 +195,8 @@ def normalize_image(client, built_id: str, *, tag: str, epoch: int, base_diff_id
         for layer in layers:
             layer.pop("file", None)
         shutil.rmtree(workdir)
-    seconds = {"save_normalize": round(t_norm - t0, 3), "load": round(time.monotonic() - t_norm, 3)}
-    return NormalizedImage(image_id, config_digest, layers, workdir, seconds, sorted(set(dropped)))
+    seconds = {"read_normalize": round(t_norm - t0, 3), "load": round(time.monotonic() - t_norm, 3)}
+    return NormalizedImage(image_id, config_digest, layers, workdir, seconds, sorted(set(dropped)), read_from)
 
 
 def _load(client, config: bytes, layers: list[dict], tag: str) -> None:

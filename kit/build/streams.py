@@ -124,7 +124,8 @@ class ForwardReader:
     def __init__(self, chunks):
         self.chunks, self.buffer, self.pos = iter(chunks), b"", 0
         self.start_of_buffer = self.position = 0
-        self.window: tuple[int, int, object] | None = None
+        self.exhausted = False
+        self.window: tuple[int, int | None, object] | None = None
         self.hasher: BackgroundWork | None = None
 
     def readable(self) -> bool:
@@ -136,11 +137,12 @@ class ForwardReader:
     def tell(self) -> int:
         return self.position
 
-    def hash_window(self, start: int, size: int):
-        """Hash the bytes at [start, start + size) as they pass; returns the hash object."""
+    def hash_window(self, start: int, size: int | None = None):
+        """Hash the bytes at [start, start + size) as they pass (to the stream's end when ``size``
+        is None); returns the hash object."""
         self.close()
         sha = hashlib.sha256()
-        self.window = (start, start + size, sha)
+        self.window = (start, None if size is None else start + size, sha)
         self.hasher = BackgroundWork(lambda view: sha.update(view))
         self._hash_buffer()
         return sha
@@ -148,8 +150,9 @@ class ForwardReader:
     def digest(self) -> str:
         """``sha256:<hex>`` of the window, once every byte of it has been read or skipped."""
         start, end, sha = self.window
-        if self.start_of_buffer + len(self.buffer) < end:
-            raise ValueError(f"the hashed window ends at {end}, the stream has passed {self.position}")
+        passed = self.exhausted if end is None else self.start_of_buffer + len(self.buffer) >= end
+        if not passed:
+            raise ValueError(f"the hashed window ends at {end or 'the end'}, the stream has passed {self.position}")
         self.close()
         return "sha256:" + sha.hexdigest()
 
@@ -162,7 +165,8 @@ class ForwardReader:
         if self.window is None or self.hasher is None:
             return
         start, end, _ = self.window
-        lo, hi = max(start, self.start_of_buffer), min(end, self.start_of_buffer + len(self.buffer))
+        stop = self.start_of_buffer + len(self.buffer)
+        lo, hi = max(start, self.start_of_buffer), stop if end is None else min(end, stop)
         if lo < hi:   # a zero-copy view: the chunk itself is never changed
             self.hasher.put(memoryview(self.buffer)[lo - self.start_of_buffer:hi - self.start_of_buffer])
 
@@ -172,6 +176,7 @@ class ForwardReader:
             self.start_of_buffer += len(self.buffer)
             self.buffer, self.pos = next(self.chunks, b""), 0
             if not self.buffer:
+                self.exhausted = True
                 return b""
             self._hash_buffer()
         data = self.buffer[self.pos:self.pos + size]
