@@ -42,12 +42,17 @@ def fresh_workspace(root: Path, name: str, wheelhouse: Path) -> Path:
     return ws
 
 
-def remove_images(client, result) -> None:
-    """The benchmark's images go, and the engine's image of each build with them."""
+def dangling(client) -> set[str]:
+    return {image.id for image in client.images.list(filters={"dangling": True})}
+
+
+def remove_images(client, result, before: set[str]) -> None:
+    """The benchmark's images go, the engine's image of each build and the other stages' images
+    that a cold multi-stage build leaves untagged with them (not dangling images it found)."""
     import docker
 
     engine_id = result.record.get("reproducible", {}).get("engine_image_id")
-    for ref in (result.image_id, engine_id):
+    for ref in (result.image_id, engine_id, *sorted(dangling(client) - before)):
         if ref:
             try:
                 client.images.remove(ref, force=True)
@@ -91,6 +96,7 @@ def main() -> None:
                 # Its own tag, so the benchmark never touches an image a test or a user holds under the real one.
                 plan = dataclasses.replace(plan_build(stack, "cpu", workspace=ws, overrides=repos, client=client),
                                            tag=f"rlk-kit/bench:{kind}")
+                before = dangling(client)
                 load = os.getloadavg()[0]
                 t = time.monotonic()
                 result = build_image(plan, workspace=ws, client=client, nocache=True,
@@ -104,7 +110,7 @@ def main() -> None:
                 print(f"pair {pair + 1} {kind:13} {row[kind]['s']:8.1f} s  {result.image_id[:19]}  "
                       f"(load {load:.1f})", file=sys.stderr, flush=True)
                 shutil.rmtree(ws, ignore_errors=True)
-                remove_images(client, result)
+                remove_images(client, result, before)
             row["ratio"] = round(row["reproducible"]["s"] / row["baseline"]["s"], 3)
             rows.append(row)
             write(args.out, rows, plan.inputs_sha256, complete=pair + 1 == args.pairs)   # nothing lost if a later pair fails
