@@ -56,7 +56,7 @@ class StoredImage:
                     pending += base64.b64decode(entry.get("payload") or "")
                 elif entry["type"] == _FILE and entry.get("size"):
                     name = entry["name"] if "name_raw" not in entry else os.fsdecode(base64.b64decode(entry["name_raw"]))
-                    yield from _file_blocks(diff / name, entry["size"], pending)
+                    yield from _file_blocks(_inside(diff, name), entry["size"], pending)
                 if len(pending) >= _BLOCK:
                     yield bytes(pending)
                     pending.clear()
@@ -64,10 +64,19 @@ class StoredImage:
             yield bytes(pending)
 
 
+def _inside(diff: Path, name: str) -> Path:
+    """The layer file ``name`` names, refused when the name would leave the layer's directory."""
+    parts = name.split("/")
+    if name.startswith("/") or ".." in parts:
+        raise StoreMismatch(f"{diff}: the layer's record names {name!r}, outside the layer")
+    return diff.joinpath(*parts)
+
+
 def _file_blocks(path: Path, size: int, pending: bytearray):
-    """A file's bytes: small files join ``pending``; large ones go out in blocks of their own."""
+    """A file's bytes: small files join ``pending``; large ones go out in blocks of their own.
+    The last component is opened without following a link (a regular file is what the record names)."""
     try:
-        handle = open(path, "rb")
+        handle = os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
     except OSError as error:
         raise StoreMismatch(f"{path}: {error.strerror}") from None
     with handle:
