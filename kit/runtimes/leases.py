@@ -33,6 +33,7 @@ LEASE_ENV = "RLK_KIT_LEASE"
 LEASE_SCHEMA = schema_id("run-lease")
 TEMP_PREFIX = "/tmp/rlk-ray-"        # the only temp dirs a lease may remove
 GRACE_S = 10.0
+KILL_WAIT_S = 3.0    # how long a SIGKILLed process may take to go (one in uninterruptible I/O)
 
 
 def process_start(pid: int) -> int | None:
@@ -61,16 +62,33 @@ def marked_pids(marker: str) -> list[int]:
 
 
 def stop_pids(pids: list[int], grace_s: float = GRACE_S) -> int:
-    """SIGTERM, then SIGKILL what is left after ``grace_s``; returns how many were alive."""
-    alive = [p for p in pids if _signal(p, signal.SIGTERM)]
+    """SIGTERM, then SIGKILL what is left after ``grace_s``, and wait (briefly) until the killed are
+    gone: a SIGKILL lands asynchronously. Returns how many were alive."""
+    alive = [p for p in pids if not _zombie(p) and _signal(p, signal.SIGTERM)]
     started = len(alive)
-    deadline = time.monotonic() + grace_s
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        alive = [p for p in alive if process_start(p) is not None and not _zombie(p)]
-    for p in alive:
-        _signal(p, signal.SIGKILL)
+    for sig, wait_s in ((None, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
+        if sig is not None:
+            for p in alive:
+                _signal(p, sig)
+        deadline = time.monotonic() + wait_s
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive = [p for p in alive if process_start(p) is not None and not _zombie(p)]
     return started
+
+
+def stop_marked(marker: str, grace_s: float = GRACE_S, rounds: int = 5) -> int:
+    """Stop every process whose environment holds ``marker`` until none is left; returns how many.
+
+    The scan repeats: a process can start while others are being stopped (the raylet starts a worker
+    again when one dies) and it carries the marker too."""
+    stopped = 0
+    for _ in range(rounds):
+        pids = [p for p in marked_pids(marker) if not _zombie(p)]
+        if not pids:
+            break
+        stopped += stop_pids(pids, grace_s)
+    return stopped
 
 
 def _signal(pid: int, sig: int) -> bool:
@@ -134,7 +152,7 @@ def stop_resources(resources: list[dict]) -> list[str]:
     for res in resources:
         try:
             if res["kind"] == "processes":
-                n = stop_pids(marked_pids(res["marker"]))
+                n = stop_marked(res["marker"])
                 if n:
                     done.append(f"{n} process(es) of {res['what']}")
             elif res["kind"] == "container":

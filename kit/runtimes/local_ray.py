@@ -30,7 +30,7 @@ from kit.model.errors import BadInput, CheckFailed
 from kit.runtimes.base import free_port
 from kit.runtimes.ray import RayRuntime
 from kit.build.probe import identity_differences
-from kit.runtimes.leases import marked_pids, stop_pids
+from kit.runtimes.leases import stop_marked
 
 
 def ray_start_command(temp_dir: str, dashboard_port: int, num_cpus: int) -> list[str]:
@@ -152,5 +152,5 @@ class LocalRayRuntime(RayRuntime):
                 except subprocess.TimeoutExpired:
                     continue
         # the job's driver and actors run in groups and sessions of their own: stop any the head left
-        stop_pids(marked_pids(self.marker))
+        stop_marked(self.marker)
         shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -1,0 +1,67 @@
+"""Stopping what a run started: every process that carries the run's marker, including one started
+while the others were being stopped (as the raylet starts a worker again when one dies)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+from kit.runtimes.leases import marked_pids, stop_marked, stop_pids
+
+# On SIGTERM: start a successor (same environment, so the same marker) and exit; the successor
+# ignores SIGTERM, so only a SIGKILL ends it.
+RESPAWNER = """
+import os, signal, subprocess, sys, time
+def respawn(*_):
+    subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"],
+                     start_new_session=True)
+    time.sleep(0.3)
+    os._exit(0)
+signal.signal(signal.SIGTERM, respawn)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def start_marked(marker: str) -> subprocess.Popen:
+    name, value = marker.split("=", 1)
+    proc = subprocess.Popen([sys.executable, "-c", RESPAWNER], env={**os.environ, name: value},
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def alive(marker: str) -> list[int]:
+    out = []
+    for pid in marked_pids(marker):
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
+
+
+def test_one_pass_leaves_a_successor_and_the_repeated_scan_does_not():
+    marker = f"KIT_TEST_LEASE={uuid.uuid4().hex}"
+    first = start_marked(marker)
+    try:
+        assert stop_pids(marked_pids(marker), grace_s=2) == 1
+        first.wait(timeout=10)
+        time.sleep(0.5)
+        left = alive(marker)
+        assert len(left) == 1, left           # the successor started while its parent was stopped
+
+        second = start_marked(marker)
+        started = time.monotonic()
+        assert stop_marked(marker, grace_s=2) >= 2
+        second.wait(timeout=10)
+        assert alive(marker) == [], "a process carrying the marker outlived stop_marked"
+        assert time.monotonic() - started < 20
+    finally:
+        for pid in alive(marker):
+            os.kill(pid, 9)
