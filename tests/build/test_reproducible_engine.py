@@ -159,8 +159,12 @@ def test_base_image_script_twice_gives_the_same_id(docker_engine):
 
 
 def test_check_reproducible_rebuilds_elsewhere_to_the_same_id(cpu_image, kit_workspace):
-    proc = run_kit(*smoke_args(cpu_image, kit_workspace), "--check-reproducible")
+    # Two cold builds: the first in the tests' workspace with --no-cache, the second (the check's) in a
+    # fresh scratch workspace, also without the cache; both must give the session image's id.
+    proc = run_kit(*smoke_args(cpu_image, kit_workspace), "--no-cache", "--check-reproducible")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    check = json.loads(proc.stdout)["reproducibility_check"]
+    result = json.loads(proc.stdout)
+    check = result["reproducibility_check"]
+    assert result["image_id"] == cpu_image.image_id, (result["image_id"], cpu_image.image_id)
     assert check["same"] and check["second_image_id"] == cpu_image.image_id, check
     assert check["umask"] == "0027" and check["tz"] == "Pacific/Chatham"

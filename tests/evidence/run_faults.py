@@ -44,18 +44,39 @@ class FaultRun:
     next_said: str = ""
     seconds: float = 0.0
     stderr_tail: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)   # what count_left found after the next command
 
     def to_json(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("sig", "stderr_tail")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("sig", "stderr_tail", "left")}
         return out | {"signal": self.sig.name}
 
 
-def count_left(token: str, run_id: str) -> int:
+def count_left(token: str, run_id: str, said: list[str] | None = None) -> int:
+    """How many processes carrying the test's token and containers of the run are left; each one is
+    described into ``said`` (pid, state, whether it holds a lease marker, command line)."""
     pids = marked_pids(f"{TOKEN_ENV}={token}")
     alive = [p for p in pids if _state(p) not in ("Z", None)]
     names = subprocess.run(["docker", "ps", "-aq", "--filter", f"name=^rlk-run-{run_id}$"], capture_output=True,
                            text=True).stdout.split() if _docker_present() else []
+    if said is not None:
+        said += [_describe(p) for p in alive] + [f"container {n}" for n in names]
     return len(alive) + len(names)
+
+
+def _describe(pid: int) -> str:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+        lease = [e for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if e.startswith(b"RLK_KIT_LEASE=")]
+    except OSError:
+        return f"{pid} (gone)"
+    return f"{pid} {_state(pid)} lease={lease[0].decode() if lease else None} ppid={_ppid(pid)} {cmdline}"
+
+
+def _ppid(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    except OSError:
+        return None
 
 
 def _docker_present() -> bool:
@@ -145,7 +166,7 @@ def fault_run(ws: Path, runtime: str, point: str, sig: signal.Signals, *, image:
         checks = {c["name"]: c for c in json.loads(nxt.stdout)["checks"]}
         result.next_said = checks["runs.leftovers"]["reason"]
     result.tracebacks += nxt.stderr.count("Traceback")
-    result.orphans_after_next = count_left(token, run_id)
+    result.orphans_after_next = count_left(token, run_id, result.left)
     assert not list((ws / LEASES_DIR).glob(f"{run_id}.json")), "the lease outlived the next command"
     result.seconds = round(time.monotonic() - started, 1)
     return result

@@ -43,7 +43,8 @@ def check(result) -> None:
         assert result.orphans_after_signal == 0, f"{result.orphans_after_signal} processes/containers left"
     if result.sealed:
         assert result.seal_verifies
-    assert result.orphans_after_next == 0, f"{result.orphans_after_next} left after {result.next_command}"
+    assert result.orphans_after_next == 0, (f"{result.orphans_after_next} left after {result.next_command} "
+                                            f"({result.next_said}): " + "; ".join(result.left))
 
 
 def test_every_hold_point_is_tested():
