@@ -45,7 +45,7 @@ from kit.build.image_checks import (  # noqa: F401
 from kit.build.layout import LABEL_PREFIX
 from kit.build.plan import PLATFORMS, BuildPlan, context_tar, make_plan, source_problems
 from kit.build.provenance import LABEL as PROVENANCE_LABEL
-from kit.build.repro_build import find_provenance, write_reproducible
+from kit.build.repro_build import find_provenance, recover_provenance, write_reproducible
 from kit.build.source_cache import source_cache_problems
 from kit.build.wheel_server import bridge_gateway, serve_wheels
 from kit.build.wheelhouse import disk_shortfall, wheelhouse_dirs
@@ -178,8 +178,9 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
         record = _build_record(plan, client, existing.id, started=started, t0=t0, durations=durations,
                                cached=True, steps=0, context=None, arm=arm, sources_from=sources_from)
         label = (existing.labels or {}).get(PROVENANCE_LABEL)
-        if label:   # the statement of equal inputs is equal: the one this workspace wrote, when it did
-            found = find_provenance(workspace, label)
+        if label:   # the statement of equal inputs is equal: the one this workspace wrote, or made again here
+            found = find_provenance(workspace, label) or recover_provenance(client, plan, existing, workspace=workspace,
+                                                                             arm=arm)
             record["provenance"] = {"path": str(found) if found else "", "sha256": label}
         return BuildResult(plan.tag, existing.id, True, 0, record["durations_s"], write_build_record(record, workspace),
                            record, reused=True)

@@ -9,14 +9,17 @@ kit.build.recheck builds a second time and compares. Example::
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from pathlib import Path
 
 from kit import __version__
 from kit.adapters import docker as dockerdoor
+from kit.adapters.docker_storage import stored_image
 from kit.build.image_checks import read_image_file
-from kit.build.image_config import epoch_of
+from kit.build.image_config import config_bytes, epoch_of
 from kit.build.layout import STEP_CACHE_SUFFIX
 from kit.build.plan import CONTEXT_MTIME, BuildPlan
 from kit.build.provenance import LABEL, image_provenance, parse_package_list
@@ -65,7 +68,7 @@ def write_reproducible(client, plan: BuildPlan, engine_id: str, *, workspace: Pa
         holder["sha256"] = sha256_of_document(holder["statement"])
         return {LABEL: holder["sha256"]}
 
-    safe = tag.replace("/", "_").replace(":", "_")
+    safe = _safe(tag)
     normalized = normalize_image(client, engine_id, tag=tag, epoch=build_epoch(plan),
                                  base_diff_ids=base_layers(client, plan.base_image),
                                  workdir=workspace / "tmp" / f"layers-{safe}", labels_for=labels_for, keep=keep,
@@ -74,9 +77,7 @@ def write_reproducible(client, plan: BuildPlan, engine_id: str, *, workspace: Pa
     # (changing the kit must not rebuild the layers below it); one per stack and platform, not one per build.
     if engine_id != normalized.image_id:
         dockerdoor.retag(client, engine_id, step_cache_ref(plan))
-    directory = workspace / "builds"
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{safe}.provenance.json"
+    path = _provenance_path(workspace, tag)
     _write_provenance(path, holder["statement"], dumps_pretty)
     part = {
         "reproducible": {"epoch": build_epoch(plan), "engine_image_id": engine_id,
@@ -86,6 +87,39 @@ def write_reproducible(client, plan: BuildPlan, engine_id: str, *, workspace: Pa
         "provenance": {"path": str(path), "sha256": holder["sha256"]},
     }
     return normalized, part
+
+
+def recover_provenance(client, plan: BuildPlan, image, *, workspace: Path, arm: str | None = None) -> Path | None:
+    """The provenance of an image the tag already holds (built in another workspace on this engine),
+    written into ``workspace``: made again from the plan and the image's own config and layers, and
+    kept only when its sha256 equals the image's label, so it is the statement that build wrote.
+    None when the engine's store cannot be read here or the statements differ (another arm)."""
+    label = (image.labels or {}).get(LABEL)
+    stored = stored_image(client, image.id) if label else None
+    if stored is None:
+        return None
+    config = json.loads(stored.config)
+    inner = config.get("config") or {}
+    inner["Labels"] = {k: v for k, v in (inner.get("Labels") or {}).items() if k != LABEL}
+    config_digest = "sha256:" + hashlib.sha256(config_bytes(config)).hexdigest()   # before the label, as built
+    statement = image_provenance(plan, config_digest=config_digest,
+                                 layers=[{"diff_id": d} for d in stored.diff_ids],
+                                 base_packages=base_packages(client, plan.base_image), kit_version=__version__, arm=arm)
+    if sha256_of_document(statement) != label:
+        return None
+    path = _provenance_path(workspace, plan.tag)
+    _write_provenance(path, statement, dumps_pretty)
+    return path
+
+
+def _safe(tag: str) -> str:
+    return tag.replace("/", "_").replace(":", "_")
+
+
+def _provenance_path(workspace: Path, tag: str) -> Path:
+    directory = workspace / "builds"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"{_safe(tag)}.provenance.json"
 
 
 def _write_provenance(path: Path, statement: dict, dumps_pretty) -> None:

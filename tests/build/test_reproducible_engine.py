@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import uuid
@@ -15,7 +16,7 @@ from pathlib import Path
 from conftest import REPO, run_kit
 from kit.build.images import build_image, plan_build
 from kit.build.plan import ContextEntry
-from kit.build.provenance import LABEL
+from kit.build.provenance import LABEL, subject_layers
 from kit.build.recheck import check_reproducible
 from kit.cli.build import _difference_text
 from kit.evidence.provenance_signature import envelope_path
@@ -37,7 +38,27 @@ def test_image_is_written_by_the_kit_with_its_provenance_label(cpu_image, docker
     assert image.id == cpu_image.image_id
     assert image.labels[LABEL] == record["provenance"]["sha256"]
     assert image.attrs["Created"].startswith(record["labels"]["org.opencontainers.image.created"][:19])
-    assert [layer["diff_id"] for layer in record["reproducible"]["layers"]] == image.attrs["RootFS"]["Layers"]
+    # the provenance names the image's layers; a record of this build (not a reuse) says the same
+    statement = read_json_file(Path(record["provenance"]["path"]))
+    assert subject_layers(statement) == image.attrs["RootFS"]["Layers"]
+    if record["steps"]:   # 0: the tag already held the image, this record is of a reuse
+        assert [layer["diff_id"] for layer in record["reproducible"]["layers"]] == image.attrs["RootFS"]["Layers"]
+
+
+def test_a_workspace_that_reuses_the_image_gets_its_provenance_back(cpu_image, kit_workspace, tmp_path):
+    """The tag already holds the image (built in another workspace): nothing is built, and the
+    provenance is made again from the plan and the image, equal to the label byte for byte."""
+    other = tmp_path / "other-workspace"
+    other.mkdir()
+    shutil.copytree(kit_workspace / "wheelhouse", other / "wheelhouse", copy_function=os.link)   # no download
+    proc = run_kit(*smoke_args(cpu_image, other))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(proc.stdout)
+    assert record["image_id"] == cpu_image.image_id and record["steps"] == 0, record
+    path = Path(record["provenance"]["path"])
+    assert path.parent == other / "builds", path
+    assert sha256_of_document(read_json_file(path)) == record["provenance"]["sha256"] == cpu_image.record["provenance"]["sha256"]
+    assert path.read_bytes() == Path(cpu_image.record["provenance"]["path"]).read_bytes()
 
 
 def _inject_date(plan):
