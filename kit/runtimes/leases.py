@@ -5,7 +5,8 @@ A run that ends, even by Ctrl-C or SIGTERM, stops what it started and removes it
 killed with SIGKILL cannot: its lease stays, naming a dead owner, and the next ``kit run`` or
 ``kit doctor`` in the workspace stops what the lease names and removes it. Processes are found by
 a marker in their environment (every process a Ray head starts inherits it, whatever process group
-or session it moved to), containers by name. Example::
+or session it moved to) and as descendants of a marked one (a process that sets its title hides its
+environment), containers by name. Example::
 
     lease = Lease.take(Path("ws"), "r1")                     # ws/leases/r1.json, owner: this process
     lease.add({"kind": "processes", "marker": "RAY_TMPDIR=/tmp/rlk-ray-x", "what": "the local Ray head"})
@@ -77,14 +78,36 @@ def stop_pids(pids: list[int], grace_s: float = GRACE_S) -> int:
     return started
 
 
+def with_descendants(pids: list[int]) -> list[int]:
+    """``pids`` and every process below them. A child need not show its parent's marker: a process
+    that sets its title (Ray's agents, ``ray::DashboardAgent``) overwrites the memory that
+    ``/proc/<pid>/environ`` reads, so only its parent ties it to the run."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(proc.name))
+    out, todo = set(pids), list(pids)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in out and child != os.getpid():
+                out.add(child)
+                todo.append(child)
+    return sorted(out)
+
+
 def stop_marked(marker: str, grace_s: float = GRACE_S, rounds: int = 5) -> int:
-    """Stop every process whose environment holds ``marker`` until none is left; returns how many.
+    """Stop every process whose environment holds ``marker``, and every process below one, until
+    none is left; returns how many.
 
     The scan repeats: a process can start while others are being stopped (the raylet starts a worker
     again when one dies) and it carries the marker too."""
     stopped = 0
     for _ in range(rounds):
-        pids = [p for p in marked_pids(marker) if not _zombie(p)]
+        pids = [p for p in with_descendants(marked_pids(marker)) if not _zombie(p)]
         if not pids:
             break
         stopped += stop_pids(pids, grace_s)

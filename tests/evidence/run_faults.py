@@ -51,16 +51,42 @@ class FaultRun:
         return out | {"signal": self.sig.name}
 
 
-def count_left(token: str, run_id: str, said: list[str] | None = None) -> int:
-    """How many processes carrying the test's token and containers of the run are left; each one is
-    described into ``said`` (pid, state, whether it holds a lease marker, command line)."""
-    pids = marked_pids(f"{TOKEN_ENV}={token}")
-    alive = [p for p in pids if _state(p) not in ("Z", None)]
+def count_left(token: str, run_id: str, said: list[str] | None = None, temp_dirs: tuple[str, ...] = ()) -> int:
+    """How many processes carrying the test's token or holding a file in the run's Ray temp dirs
+    (a process that set its title shows no environment) and containers of the run are left; each
+    one is described into ``said`` (pid, state, whether it holds a lease marker, command line)."""
+    pids = set(marked_pids(f"{TOKEN_ENV}={token}")) | set(_holders(temp_dirs))
+    alive = [p for p in sorted(pids) if _state(p) not in ("Z", None)]
     names = subprocess.run(["docker", "ps", "-aq", "--filter", f"name=^rlk-run-{run_id}$"], capture_output=True,
                            text=True).stdout.split() if _docker_present() else []
     if said is not None:
         said += [_describe(p) for p in alive] + [f"container {n}" for n in names]
     return len(alive) + len(names)
+
+
+def _holders(paths: tuple[str, ...]) -> list[int]:
+    """Processes whose working directory or an open file lies under one of ``paths``."""
+    if not paths:
+        return []
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            links = [os.readlink(proc / "cwd")] + [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+        except OSError:
+            continue
+        if any(link.startswith(path.rstrip("/") + "/") or link == path for link in links for path in paths):
+            out.append(int(proc.name))
+    return out
+
+
+def _temp_dirs(lease: Path) -> tuple[str, ...]:
+    """The temp dirs a run's lease names (the local Ray head's), read before the next command removes it."""
+    try:
+        return tuple(r["path"] for r in json.loads(lease.read_text())["resources"] if r.get("kind") == "temp-dir")
+    except (OSError, ValueError, KeyError):
+        return ()
 
 
 def _describe(pid: int) -> str:
@@ -151,6 +177,7 @@ def fault_run(ws: Path, runtime: str, point: str, sig: signal.Signals, *, image:
         result.orphans_after_next = result.orphans_after_signal
         result.seconds = round(time.monotonic() - started, 1)
         return result
+    temp_dirs = _temp_dirs(ws / LEASES_DIR / f"{run_id}.json")
     if runtime == "local":
         result.next_command = "kit run"
         nxt = subprocess.run([sys.executable, "-m", "kit", "run", "--arm", "smoke", "--rollouts", "1", "--run-id",
@@ -166,7 +193,7 @@ def fault_run(ws: Path, runtime: str, point: str, sig: signal.Signals, *, image:
         checks = {c["name"]: c for c in json.loads(nxt.stdout)["checks"]}
         result.next_said = checks["runs.leftovers"]["reason"]
     result.tracebacks += nxt.stderr.count("Traceback")
-    result.orphans_after_next = count_left(token, run_id, result.left)
+    result.orphans_after_next = count_left(token, run_id, result.left, temp_dirs)
     assert not list((ws / LEASES_DIR).glob(f"{run_id}.json")), "the lease outlived the next command"
     result.seconds = round(time.monotonic() - started, 1)
     return result

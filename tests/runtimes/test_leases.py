@@ -9,7 +9,7 @@ import sys
 import time
 import uuid
 
-from kit.runtimes.leases import marked_pids, stop_marked, stop_pids
+from kit.runtimes.leases import marked_pids, stop_marked, stop_pids, with_descendants
 
 # On SIGTERM: start a successor (same environment, so the same marker) and exit; the successor
 # ignores SIGTERM, so only a SIGKILL ends it.
@@ -65,3 +65,32 @@ def test_one_pass_leaves_a_successor_and_the_repeated_scan_does_not():
     finally:
         for pid in alive(marker):
             os.kill(pid, 9)
+
+
+# A marked parent whose child shows no marker (as a Ray agent that set its title shows none).
+PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={})
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_child_that_shows_no_marker_is_stopped_with_its_marked_parent():
+    marker = f"KIT_TEST_LEASE={uuid.uuid4().hex}"
+    name, value = marker.split("=", 1)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], env={**os.environ, name: value},
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = int(parent.stdout.readline())
+    try:
+        assert marked_pids(marker) == [parent.pid]
+        assert with_descendants([parent.pid]) == sorted([parent.pid, child])
+        assert stop_marked(marker, grace_s=2) == 2
+        parent.wait(timeout=10)
+        assert not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    finally:
+        for pid in (parent.pid, child):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
