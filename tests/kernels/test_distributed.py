@@ -241,6 +241,7 @@ def test_cli_nccl_without_gpus_for_every_rank_is_bad_input():
     assert result.exit_code == 2 and "--backend nccl --world 8" in result.output
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not (torch.distributed.is_nccl_available() and torch.cuda.device_count() >= 2), reason="needs 2+ CUDA GPUs")
 def test_nccl_ranks_match_virtual_ranks():
     world = max(w for w in (2, 4, 8) if w <= torch.cuda.device_count())
