@@ -19,6 +19,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Hypothesis: CI draws the same cases on every clone (a green run cannot turn red with no change); a
+# developer explores by hand with `HYPOTHESIS_PROFILE=explore pytest ...` (or --hypothesis-profile=explore),
+# and each find becomes a fixed regression case (@example) of its test. Tests set only max_examples,
+# deadline and health checks; the seed policy is the profile's. Registered before any test module is
+# imported, so every @settings inherits it.
+def _register_hypothesis_profiles() -> None:
+    from hypothesis import settings
+
+    base = settings.get_profile("default")    # not whatever Hypothesis loaded for a CI variable
+    settings.register_profile("ci", base, derandomize=True, database=None, print_blob=True)
+    # random draws, the examples database on (.hypothesis/), so a find is replayed until fixed
+    settings.register_profile("explore", base, derandomize=False, max_examples=1000, print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
+
+
+_register_hypothesis_profiles()
+
 # Tests that use these fixtures need a Docker engine or start a Ray head: they carry the marker, so
 # `pytest -m "not docker and not ray and not slow"` is the fast edit loop; ./scripts/test runs them all.
 MARKER_FIXTURES = {"docker": {"docker_engine", "cpu_image"}, "ray": {"ray_head"}}
