@@ -32,11 +32,14 @@ def command():
 @click.option("--figures", "figures_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="A kit analyze --out folder whose PNG/PDF figures are logged as artifacts of every run.")
 @click.option("--name", "names", multiple=True, metavar="NAME", help="Arm name for each input, in order.")
-@click.option("--json", "as_json", is_flag=True, help="Print the export-mlflow/v1 document.")
+@click.option("--json", "as_json", is_flag=True, help="Print the export-mlflow/v2 document.")
 def mlflow_command(runs, tracking_uri, artifact_root, experiment, figures_dir, names, as_json):
     """One MLflow run per kit run: params (arm, stack hash, image digest, topology, seeds), every
     per-step metric, tags (trust level, controlled-comparison verdict against the first run) and the
     manifest, seal, validation, log and figures as artifacts. The run directories are only read.
+    A kit run already in the experiment (the same kit.run_id and kit.seal_sha256 tags) is skipped,
+    so exporting twice makes no duplicate; the same run id with another seal is refused (exit 1).
+    A file store (file://… or a path) is allowed for this process although MLflow 3 deprecates it.
 
     \b
     Examples:
@@ -57,6 +60,10 @@ def mlflow_command(runs, tracking_uri, artifact_root, experiment, figures_dir, n
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     for run in result["runs"]:
+        if run["action"] == "skipped":
+            click.echo(f"{run['arm']}: already exported as MLflow run {run['mlflow_run_id']} "
+                       f"(same kit run id and seal); skipped")
+            continue
         click.echo(f"{run['arm']}: MLflow run {run['mlflow_run_id']} ({len(run['params'])} params, "
                    f"{run['metric_values']} metric values over {run['steps']} steps, {len(run['artifacts'])} artifacts; "
                    f"{run['tags']['kit.trust']}, {run['tags']['kit.comparison']})")

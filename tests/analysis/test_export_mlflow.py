@@ -79,3 +79,62 @@ def test_export_of_a_bare_log_says_so(tmp_path):
     run = json.loads(result.stdout)["runs"][0]
     assert run["tags"]["kit.trust"] == "bare log" and run["tags"]["kit.comparison"] == "single run"
     assert run["params"]["stack_sha256"] == "" and run["metric_values"] == 3   # loss at 0 and 1, batch size at 0
+
+
+def _pair_runs():
+    runs = sorted(PAIR.iterdir())
+    return [next(r for r in runs if r.name.startswith("gpu-native")),
+            next(r for r in runs if r.name.startswith("gpu-consistency"))]
+
+
+def test_a_file_store_works_and_a_second_export_makes_no_duplicate(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")       # recorded, so the kit's setting is undone after
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    monkeypatch.chdir(tmp_path)
+    uri = (tmp_path / "mlruns").as_uri()           # file:///…: MLflow 3 refuses it unless allowed
+    args = ["export", "mlflow", *map(str, _pair_runs()), "--tracking-uri", uri, "--json"]
+    first = CliRunner().invoke(cli, args)
+    assert first.exit_code == 0, first.output
+    doc = json.loads(first.stdout)
+    assert schema_problems(doc, "export-mlflow") == []
+    assert [r["action"] for r in doc["runs"]] == ["created", "created"]
+    second = CliRunner().invoke(cli, args)
+    assert second.exit_code == 0, second.output
+    again = json.loads(second.stdout)
+    assert schema_problems(again, "export-mlflow") == []
+    assert [r["action"] for r in again["runs"]] == ["skipped", "skipped"]
+    assert [r["mlflow_run_id"] for r in again["runs"]] == [r["mlflow_run_id"] for r in doc["runs"]]
+    client = MlflowClient(tracking_uri=uri)
+    stored = client.search_runs([doc["experiment_id"]])
+    assert len(stored) == 2                          # read back from MLflow's store: no duplicate
+    assert {r.data.tags["kit.run_id"] for r in stored} == {r["params"]["run_id"] for r in doc["runs"]}
+    text = CliRunner().invoke(cli, args[:-1])
+    assert text.exit_code == 0 and text.stdout.count("skipped") == 2, text.output
+
+
+def test_the_same_run_id_with_another_seal_is_refused(tmp_path):
+    import shutil
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    original = _pair_runs()[0]
+    base = ["export", "mlflow", "--tracking-uri", uri, "--artifacts", str(tmp_path / "art")]
+    assert CliRunner().invoke(cli, [*base, str(original)]).exit_code == 0
+    copy = tmp_path / original.name
+    shutil.copytree(original, copy)
+    seal = json.loads((copy / "seal.json").read_text())
+    (copy / "seal.json").write_text(json.dumps(seal, indent=1))   # same run id, other seal bytes
+    result = CliRunner().invoke(cli, [*base, str(copy)])
+    assert result.exit_code == 1, result.output
+    assert "already in experiment" in result.stderr and "seal sha256" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_an_mlflow_refusal_is_one_line_naming_the_flag(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "false")      # the user's explicit choice is kept
+    result = CliRunner().invoke(cli, ["export", "mlflow", str(_pair_runs()[0]),
+                                      "--tracking-uri", (tmp_path / "mlruns").as_uri()])
+    assert result.exit_code == 2, result.output
+    assert "--tracking-uri" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit)
