@@ -19,7 +19,7 @@ import time
 import urllib.request
 from typing import Callable
 
-from kit.model.errors import CheckFailed
+from kit.model.errors import BadInput, CheckFailed
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 # How long a cluster the user named (--ray-address, a detached run's address) may take to answer before
@@ -111,6 +111,50 @@ def dashboard_version(address: str, timeout_s: float = 10.0) -> dict:
     Raises OSError or ValueError when nothing (or no JSON) answers."""
     with _get(f"{address.rstrip('/')}/api/version", timeout_s) as resp:
         return json.loads(resp.read().decode())
+
+
+def address_problem(address: str) -> str | None:
+    """What is wrong with a dashboard URL as written, or None (pure: no look-up).
+
+    ``address_problem("http://head:8265")`` is None; ``address_problem("")`` names what is accepted."""
+    from urllib.parse import urlsplit
+
+    accepted = "give the dashboard's URL, http(s)://HOST:PORT (e.g. http://127.0.0.1:8265)"
+    if not address or not address.strip():
+        return f"empty; {accepted}"
+    if address != address.strip() or any(c.isspace() for c in address):
+        return f"contains white space; {accepted}"
+    try:
+        parts = urlsplit(address)
+        port = parts.port
+    except ValueError as exc:
+        return f"{exc}; {accepted}"
+    if parts.scheme not in ("http", "https"):
+        return f"scheme {parts.scheme or '(none)'!r} is not http or https; {accepted}"
+    if not parts.hostname:
+        return f"names no host; {accepted}"
+    if port == 0:
+        return f"port 0; {accepted}"
+    return None
+
+
+def check_address(address: str, flag: str = "--address", *, resolve=None) -> str:
+    """``address`` when it is a dashboard URL whose host resolves; BadInput naming ``flag`` at once
+    otherwise (a host that does not resolve never answers: waiting on it only spends the timeout).
+    ``resolve`` is the name look-up (default: socket.getaddrinfo)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    problem = address_problem(address)
+    if problem:
+        raise BadInput(f"{flag} {address!r}: {problem}")
+    host = urlsplit(address).hostname
+    try:
+        (resolve or socket.getaddrinfo)(host, None)
+    except (OSError, UnicodeError) as exc:
+        raise BadInput(f"{flag} {address}: host {host!r} does not resolve ({exc}); give a host name or IP "
+                       "address this machine can reach") from None
+    return address
 
 
 def wait_for_jobs_api(address: str, timeout_s: float = 90.0, *, unreachable=None) -> None:

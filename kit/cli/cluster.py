@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -12,7 +13,8 @@ from kit.cli.run import workspace_from
 import time
 from kit.cli.plan import select_arm
 from kit.cluster import kuberay, local, slurm
-from kit.model.errors import CheckFailed
+from kit.adapters.ray import check_address
+from kit.model.errors import BadInput, CheckFailed
 from kit.cluster.local import alive_nodes
 
 CTX = {"help_option_names": ["-h", "--help"]}
@@ -40,8 +42,8 @@ def command():
       kit cluster up --arm smoke --local 3             # head + 2 workers on a Docker network
       kit run --arm smoke --runtime ray --ray-address "$(kit cluster address)"
       kit cluster down                                 # removes exactly what up made
-      kit cluster slurm --arm smoke --nodes 2 --submit
-      kit cluster kuberay --arm G11 --image reg/rlk@sha256:... --out k8s/
+      kit cluster slurm --arm smoke --nodes 2                      # renders the sbatch script
+      kit cluster kuberay --arm G11 --image reg/rlk@sha256:0000000000000000000000000000000000000000000000000000000000000000 --out k8s/
     """
 
 
@@ -128,16 +130,28 @@ def wait_command(address, nodes, timeout_s, as_json):
 
     \b
     Example:
-      kit cluster wait --address http://head:8265 --nodes 4 --timeout 300
+      kit cluster wait --address "$(kit cluster address)" --nodes 3 --timeout 300
     """
 
-
+    check_wait(address, nodes, timeout_s)
     deadline = time.monotonic() + timeout_s
     while (alive := alive_nodes(address)) < nodes:
         if time.monotonic() > deadline:
             raise CheckFailed(f"{address}: {alive} of {nodes} Ray nodes alive after {timeout_s:.0f} s")
         time.sleep(1)
     _log(as_json)(f"{alive} nodes alive at {address}")
+
+
+MAX_WAIT_S = 86400.0
+
+
+def check_wait(address: str, nodes: int, timeout_s: float) -> None:
+    """Refuse a wait that could not end (nan, inf) or means nothing, and an address no wait can reach."""
+    if not (math.isfinite(timeout_s) and 0 <= timeout_s <= MAX_WAIT_S):
+        raise BadInput(f"--timeout {timeout_s}: give seconds in 0..{MAX_WAIT_S:.0f}")
+    if nodes < 1:
+        raise BadInput(f"--nodes {nodes}: give 1 or more")
+    check_address(address, "--address")
 
 
 @command.command(name="slurm", context_settings=CTX)
@@ -166,7 +180,7 @@ def slurm_command(arm_ref, nodes, image, container_runtime, gpus_per_node, parti
     \b
     Examples:
       kit cluster slurm --arm smoke --nodes 1 --submit
-      kit cluster slurm --arm G11 --nodes 4 --container-runtime pyxis --image reg/rlk@sha256:... --out g11.sbatch
+      kit cluster slurm --arm G11 --nodes 4 --container-runtime pyxis --image reg/rlk@sha256:0000000000000000000000000000000000000000000000000000000000000000 --partition gpu --out g11.sbatch
     """
 
     arm = select_arm(arm_ref, None)
@@ -203,7 +217,7 @@ def kuberay_command(arm_ref, image, platform, workers, gpus_per_pod, namespace, 
 
     \b
     Examples:
-      kit cluster kuberay --arm G11 --image reg/rlk@sha256:<64 hex> --workers 1 --out k8s/
+      kit cluster kuberay --arm G11 --image reg/rlk@sha256:0000000000000000000000000000000000000000000000000000000000000000 --workers 1 --out k8s/
       kubectl apply -f k8s/rayjob.json
     """
 

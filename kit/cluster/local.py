@@ -30,7 +30,7 @@ from kit.adapters.ray import wait_for_jobs_api
 from kit.runtimes.base import free_port
 import socket
 from kit.build.images import check_image
-from kit.runtimes.docker import DockerRuntime
+from kit.build.lookup import image_for_arm
 from kit.adapters.docker import container_options
 
 CLUSTER_LABEL = f"{L.LABEL_PREFIX}.cluster"
@@ -95,7 +95,7 @@ def up(arm, *, nodes: int, workspace: Path, image: str | None = None, worker_ima
         raise BadInput(f"{state_path(workspace)}: cluster {previous['cluster_id']} is {previous['status']}; "
                        "run `kit cluster down` first")
     client = engine()
-    head_ref = image or DockerRuntime.image_for_arm(client, arm)
+    head_ref = image or image_for_arm(client, arm)
     check = check_image(head_ref, arm.stack, client=client)
     if not check.matches:
         shown = "; ".join(f"{label}: expected {exp!r}, found {got!r}" for label, exp, got in check.differences[:6])

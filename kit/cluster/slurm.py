@@ -27,7 +27,7 @@ from kit.model import node_identity as NI
 from kit.model.accelerators import accelerator, docker_run_flags
 from kit.model.errors import BadInput, CheckFailed
 from kit.adapters.docker import engine
-from kit.runtimes.docker import DockerRuntime
+from kit.build.lookup import image_for_arm
 
 RUNTIMES = ("docker", "pyxis", "apptainer")
 JOB_LABEL = f"{L.LABEL_PREFIX}.slurm-job"
@@ -174,7 +174,7 @@ def resolve_image(arm, image: str | None, container_runtime: str) -> str:
         return image
 
     client = engine()
-    ref = image or DockerRuntime.image_for_arm(client, arm)
+    ref = image or image_for_arm(client, arm)
     try:
         return client.images.get(ref).id
     except Exception:

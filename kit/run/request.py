@@ -16,6 +16,7 @@ from pathlib import Path
 from kit.build import layout as L
 from kit.model.engine_traits import traits
 from kit.model.errors import BadInput
+from kit.adapters.ray import check_address
 from kit.run.plan import TopologyOverrides, resolve_plan
 
 
@@ -106,6 +107,8 @@ def check_request(request: RunRequest) -> None:
         if getattr(request, attr) and request.runtime != needs:
             raise BadInput(f"{flag} needs --runtime {needs}; the {request.runtime} runtime would ignore it "
                            f"(drop {flag} or add --runtime {needs})")
+    if request.ray_address is not None:
+        check_address(request.ray_address, "--ray-address")   # refused at once, not after the reach timeout
     if request.detach and request.runtime != "ray":
         raise BadInput("--detach needs --runtime ray: the local and docker runtimes stop what they started")
     if request.ray_head and request.runtime != "local":

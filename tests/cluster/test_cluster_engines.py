@@ -27,8 +27,10 @@ def kit(*args, timeout=900):
 
 
 def _cluster_up(ws, nodes, image, *worker_images):
+    """``image`` None: the default path, the arm's image found by its stack's labels (kit/build/lookup.py)."""
     extra = [a for ref in worker_images for a in ("--worker-image", ref)]
-    proc = kit("cluster", "up", "--arm", "smoke", "--local", nodes, "--image", image, *extra, "--workspace", ws, "--json")
+    given = ["--image", image] if image else []
+    proc = kit("cluster", "up", "--arm", "smoke", "--local", nodes, *given, *extra, "--workspace", ws, "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -44,7 +46,7 @@ def _down(ws, docker_engine):
 def test_three_node_cluster_runs_smoke_across_nodes(cpu_image, docker_engine, tmp_path):
     ws = tmp_path / "ws"
     try:
-        state = _cluster_up(ws, 3, cpu_image.tag)
+        state = _cluster_up(ws, 3, None)      # no --image: the first example of `kit cluster --help`
         assert [n["role"] for n in state["nodes"]] == ["head", "worker", "worker"]
         run = kit("run", "--arm", "smoke", "--runtime", "ray", "--ray-address", state["address"], "--rollouts", 2,
                   "--run-id", "across-3", "--workspace", ws, "--allow-dirty")
@@ -97,6 +99,18 @@ def test_worker_from_another_tag_is_refused_by_name(cpu_image, other_tag, docker
     assert not (ws / "runs" / "mixed-2").exists()
 
 
+def test_without_an_image_of_the_stack_the_default_path_names_the_build_command(tmp_path):
+    from kit.model.catalog import Catalog
+
+    # an arm whose stack no image on this engine carries: the one-line error, exit 2
+    arm = Catalog.default().arm("G11")
+    for args in (("cluster", "up", "--arm", arm.name, "--local", 2), ("cluster", "slurm", "--arm", arm.name)):
+        proc = kit(*args, "--workspace", tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        assert f"kit build cuda --arm {arm.name}" in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
 def test_up_refuses_bad_input_without_starting_anything(tmp_path, docker_engine):
     one = kit("cluster", "up", "--arm", "smoke", "--local", 1, "--workspace", tmp_path)
     assert one.returncode == 2 and "--local 1" in one.stderr
@@ -127,7 +141,8 @@ def test_slurm_submit_runs_the_smoke_arm_to_a_sealed_run(cpu_image, docker_engin
     proc = subprocess.run([str(REPO / "scripts" / "ensure-slurm.sh")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     ws = tmp_path / "ws"
-    proc = kit("cluster", "slurm", "--arm", "smoke", "--nodes", 1, "--image", cpu_image.image_id, "--head-ip",
+    # no --image: the default path finds the arm's image by its stack's labels
+    proc = kit("cluster", "slurm", "--arm", "smoke", "--nodes", 1, "--head-ip",
                "127.0.0.1", "--port-base", _port_base(), "--rollouts", 2, "--allow-dirty", "--workspace", ws,
                "--submit", "--json")
     doc = json.loads(proc.stdout) if proc.stdout.strip() else {}

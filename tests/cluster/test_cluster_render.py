@@ -181,3 +181,48 @@ def test_kuberay_cli_writes_files_and_refuses_bad_input(tmp_path):
     assert bad.returncode == 2 and "--image" in bad.stderr and "Traceback" not in bad.stderr
     again = kit("--arm", "G11", "--image", DIGEST, "--out", str(tmp_path / "k8s"))
     assert again.returncode == 2 and "raycluster.json" in again.stderr
+
+
+# --- addresses and timeouts refused at once -------------------------------------------------------------
+
+def _kit(*args, timeout=60):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run([sys.executable, "-m", "kit", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_the_address_rule_names_what_is_accepted():
+    from kit.adapters.ray import address_problem, check_address
+
+    assert address_problem("http://head:8265") is None and address_problem("https://[::1]:8265") is None
+    for bad, says in (("", "empty"), ("  ", "empty"), ("head:8265", "scheme"), ("http://:8265", "no host"),
+                      ("http://h:99999", "out of range"), ("http://h 1:8265", "white space")):
+        assert says in address_problem(bad), bad
+    with pytest.raises(BadInput, match=r"--ray-address http://nowhere:8265: host 'nowhere' does not resolve"):
+        check_address("http://nowhere:8265", "--ray-address", resolve=lambda h, p: (_ for _ in ()).throw(OSError("no")))
+    assert check_address("http://127.0.0.1:1", "--address") == "http://127.0.0.1:1"
+
+
+@pytest.mark.parametrize("value", ["nan", "1e400", "inf", "-1", "-inf"])
+def test_cluster_wait_refuses_a_timeout_that_cannot_end_or_means_nothing(value):
+    proc = _kit("cluster", "wait", "--address", "http://127.0.0.1:1", "--nodes", 1, "--timeout", value)
+    assert proc.returncode == 2, proc.stderr
+    assert "--timeout" in proc.stderr and "0..86400" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cluster_wait_and_kit_run_refuse_an_empty_or_unresolvable_address_at_once(tmp_path):
+    import time
+
+    empty = _kit("cluster", "wait", "--address", "", "--nodes", 1, "--timeout", 30)
+    assert empty.returncode == 2 and "--address '': empty" in empty.stderr
+    started = time.monotonic()
+    nowhere = _kit("cluster", "wait", "--address", "http://nonexistent-host.invalid:8265", "--nodes", 1, "--timeout", 300)
+    run = _kit("run", "--arm", "smoke", "--runtime", "ray", "--ray-address", "http://nonexistent-host.invalid:8265",
+               "--workspace", tmp_path, "--allow-dirty")
+    elapsed = time.monotonic() - started
+    for proc, flag in ((nowhere, "--address"), (run, "--ray-address")):
+        assert proc.returncode == 2, proc.stderr
+        assert f"{flag} http://nonexistent-host.invalid:8265: host 'nonexistent-host.invalid' does not resolve" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert elapsed < 15, elapsed       # not the run's 20 s reach nor the wait's 300 s
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
