@@ -45,7 +45,9 @@ MARKER_FIXTURES = {"docker": {"docker_engine", "cpu_image"}, "ray": {"ray_head"}
 SLOW_MODULES = {"test_gpu_twins.py", "test_kernels.py", "test_distributed.py", "test_run_faults.py",
                 "test_fuzz_analyze.py",
                 # modules whose shared fixture makes sealed runs, a suite or a real pip install first
-                "test_runs.py", "test_smoke_analysis.py", "test_suite.py", "test_install_from_lock.py"}
+                "test_runs.py", "test_smoke_analysis.py", "test_suite.py", "test_install_from_lock.py",
+                # every documented command run as written; the click tree given 2,000+ bad values
+                "test_docs_commands.py", "test_help_examples.py", "test_fuzz_cli.py"}
 # Single tests of more than a few seconds on 2 cores (`pytest --durations=60` lists them): whole smoke
 # trainings, waits for an unreachable Ray address, re-resolving every lock, the 240-case tamper matrix,
 # end-to-end `kit run`s and the fixtures that make sealed runs. The fast loop stays under 2 minutes.
