@@ -12,9 +12,10 @@ same clock by counting back from the job's end (the monitors stop when the job d
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from kit.analysis.plots import _pyplot, _save
+from kit.model.documents import read_json_file
+from kit.model.regular_files import MAX_LOG_BYTES, read_regular_text
 
 MONITORS_JSON = "monitors/monitors.json"
 FIGURE = "monitors"
@@ -86,14 +87,16 @@ def read_monitors(run_dir: Path) -> dict | None:
     run_dir = Path(run_dir)
     if not has_monitors(run_dir):
         return None
-    doc = json.loads((run_dir / MONITORS_JSON).read_text(encoding="utf-8"))
+    doc = read_json_file(run_dir / MONITORS_JSON)
+    if not isinstance(doc, dict):
+        return None
     out = {"interval_s": doc.get("interval_s"), "gpu": None, "host": None,
            "missing": [s["name"] for s in doc.get("samplers", []) if s.get("status") != "recorded"]}
     for sampler in doc.get("samplers", []):
         path = run_dir / (sampler.get("file") or "")
         if sampler.get("status") != "recorded" or not path.is_file():
             continue
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_regular_text(path, limit=MAX_LOG_BYTES, what="a monitor's samples")
         if sampler["name"] == "gpu" and sampler.get("tool") == "nvidia-smi":
             out["gpu"] = parse_dmon(text)
         elif sampler["name"] == "psutil":

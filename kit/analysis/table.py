@@ -33,6 +33,7 @@ from kit.evidence.audit import verify_run_dir
 from kit.evidence.bundle import SEAL
 from kit.model.documents import read_json_file, schema_problems
 from kit.model.errors import BadInput
+from kit.model.regular_files import iter_regular_lines
 
 RUN_LOG = "run.log"
 MANIFEST = "manifest.json"
@@ -117,13 +118,8 @@ def _positive_int(value) -> int | None:
 
 
 def _read_lines(path: Path):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            yield from fh
-    except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory") from None
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read ({exc.strerror})") from None
+    # A FIFO or a link to /dev/zero named as a log must be refused, not waited on or read forever.
+    yield from iter_regular_lines(path, what="a VIME log file or a run directory's run.log")
 
 
 def load_arm(path: Path | str, name: str | None = None, global_batch_size: int | None = None) -> ArmLog:

@@ -11,19 +11,18 @@ never in place. Example::
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import math
 import os
 import re
-import stat
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
 from kit.model.errors import BadInput
+from kit.model.regular_files import read_regular_bytes
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 MAX_DEPTH = 64          # the deepest shipped document nests about 10 levels
@@ -43,38 +42,7 @@ def read_json_file(path: Path | str, *, limit: int = MAX_DOCUMENT_BYTES) -> Any:
     Only a regular file is read (a link to one is followed; a FIFO, a device or a directory is
     refused without blocking), at most ``limit`` bytes, nested at most ``MAX_DEPTH`` deep."""
     path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such file") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise BadInput(f"{path}: symbolic link loop") from None
-        if exc.errno == errno.EISDIR:
-            raise BadInput(f"{path}: is a directory, expected a JSON file") from None
-        raise BadInput(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise BadInput(f"{path}: is a directory, expected a JSON file")
-        if not stat.S_ISREG(info.st_mode):
-            raise BadInput(f"{path}: not a regular file (a FIFO, device or socket); documents are regular files")
-        if info.st_size > limit:
-            raise BadInput(f"{path}: {info.st_size} bytes is over the {limit // (1 << 20)} MiB limit for a document")
-        chunks, size = [], 0
-        while size <= limit:
-            block = os.read(fd, min(1 << 20, limit + 1 - size))
-            if not block:
-                break
-            chunks.append(block)
-            size += len(block)
-        if size > limit:
-            raise BadInput(f"{path}: over the {limit // (1 << 20)} MiB limit for a document (it grew while read)")
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read ({exc.strerror})") from None
-    finally:
-        os.close(fd)
-    return parse_json_bytes(b"".join(chunks), str(path))
+    return parse_json_bytes(read_regular_bytes(path, limit=limit, what="a JSON document"), str(path))
 
 
 def parse_json_bytes(raw: bytes, source: str) -> Any:
