@@ -183,6 +183,12 @@ def resolve_arm_document(doc: dict, lookup, _seen: tuple = ()) -> dict:
     """
     if "extends" not in doc:
         return doc
+    # Checked before the schema: a list or an object here would reach a dict look-up as an unhashable key.
+    if not isinstance(doc["extends"], str) or not doc["extends"]:
+        raise ValueError(f"/extends: {type(doc['extends']).__name__} {doc['extends']!r:.60} is not accepted; "
+                         "expected the name of one arm (a string)")
+    if not isinstance(doc.get("name"), str):
+        raise ValueError("/name: an arm that extends another needs its own name (a string)")
     if doc["name"] in _seen:
         raise ValueError(f"/extends: arm inheritance loop through {doc['name']!r}")
     parent = lookup(doc["extends"])

@@ -148,7 +148,16 @@ def resolve_stack_document(doc: dict, lookup: Callable[[str], dict | None], _see
     if name in _seen:
         raise StackResolutionError("/extends", f"stack inheritance loop through {name!r}")
     parents = doc.get("extends", [])
-    parents = [parents] if isinstance(parents, str) else list(parents)
+    if isinstance(parents, str):
+        parents = [parents]
+    # Checked before the schema: a number or a list of objects would reach a dict look-up and a traceback.
+    if not isinstance(parents, list):
+        raise StackResolutionError("/extends", f"{type(parents).__name__} is not accepted; expected a stack name "
+                                   "or a list of stack names")
+    for i, parent_name in enumerate(parents):
+        if not isinstance(parent_name, str):
+            raise StackResolutionError(f"/extends/{i}", f"{type(parent_name).__name__} is not accepted; "
+                                       "expected a stack name (a string)")
     resolved: dict = {}
     for i, parent_name in enumerate(parents):
         parent = lookup(parent_name)
