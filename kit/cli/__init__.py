@@ -5,7 +5,8 @@ The table below gives its one-line purpose, so ``kit --help`` never imports a co
 and never torch, ray or docker. Errors derived from KitError become one line on stderr and
 their exit code (1 check failed, 2 bad input). A file-system error that escapes a command becomes
 one line naming the path: exit 2 when the path cannot be used as given (missing, not permitted,
-read-only, of the wrong kind), 1 otherwise (a full disk, an I/O error).
+read-only, of the wrong kind), 1 otherwise (a full disk, an I/O error). Any other exception is a bug:
+one line starting ``kit: internal error`` names the crash report written (kit/cli/_crash.py), exit 1.
 """
 
 from __future__ import annotations
@@ -55,16 +56,36 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
     def invoke(self, ctx):
+        # The command line as parsed (CliRunner's and main(args=...) are not sys.argv), for a crash report.
+        protected = getattr(ctx, "_protected_args", None)
+        argv = [*(ctx.protected_args if protected is None else protected), *ctx.args]
         try:
             return super().invoke(ctx)
         except KitError as exc:
             click.echo(f"kit: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except OSError as exc:
-            if isinstance(exc, BrokenPipeError) or exc.filename is None:
-                raise        # a closed pipe, or not about a path: not ours to reword
+            if isinstance(exc, BrokenPipeError):
+                raise        # a closed pipe: click and Python end quietly
+            if exc.filename is None:
+                _last_resort(ctx, exc, argv)   # not about a path the user can fix
             click.echo(f"kit: {os_error_message(exc)}", err=True)
             ctx.exit(2 if exc.errno in _UNUSABLE_PATH_ERRNOS else 1)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise            # click's own: usage errors (2), ctx.exit, Ctrl-C at a prompt
+        except Exception as exc:
+            _last_resort(ctx, exc, argv)
+
+
+def _last_resort(ctx, exc: BaseException, argv: list[str]):
+    """Last resort: a bug becomes one line naming a crash report, never a traceback; exit 1."""
+    try:
+        from kit.cli._crash import print_crash     # only on a crash: keeps `kit --help` fast
+        print_crash(exc, argv)
+    except Exception as err:     # the report itself failed: still one line, still exit 1
+        click.echo(f"kit: internal error ({type(exc).__name__}: {exc}); no crash report ({type(err).__name__}: {err})",
+                   err=True)
+    ctx.exit(1)
 
 
 # A path the user (or a file they named) pointed at that cannot be used as it is.
