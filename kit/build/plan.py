@@ -29,6 +29,7 @@ from kit.model.lock import INSTALL_EXTRAS, lock_sha256
 from kit.model.errors import CheckFailed
 from kit.build.layout import LABEL_PREFIX
 from kit.model.stack import packages_for
+from kit.model.buildability import buildability_findings
 
 PLATFORMS = ("cuda", "rocm", "cpu", "cuda-debian")
 DOCKERFILES = {"cuda": "Dockerfile.cuda", "rocm": "Dockerfile.rocm", "cpu": "docker/Dockerfile.cpu",
@@ -144,6 +145,31 @@ def source_problems(stack_doc: dict, platform: str) -> list[str]:
         problems.append(f"the Dockerfiles bake the sources {', '.join(BAKED_SOURCES)}; "
                         f"stack {stack_doc.get('name')!r} also names {', '.join(unknown)}")
     return problems
+
+
+def site_supplies(stack_doc: dict, platform: str) -> list[str]:
+    """What a site building from a clean clone must bring: sources by commit, the base, wheels no index has.
+
+    One ``supply:`` line each, so the plan (text and --json notes) lists them before any build.
+    """
+    out = []
+    for src in stack_doc.get("sources", []):
+        out.append(f"supply: source {src['name']} {src['repository']} at commit {src['commit']}"
+                   + (f" (tree {src['tree']})" if src.get("tree") else "")
+                   + f"; give it with --sources DIR (a git archive {src['name']}-*.tar.gz or a checkout "
+                   f"{src['name']}/) or --source {src['name']}=PATH, else the build fetches it")
+    entry = stack_doc.get("platforms", {}).get(platform) or {}
+    if entry.get("base_image"):
+        how = "by digest" if base_digest(entry["base_image"]) else "a tag without a digest: pin it before a build"
+        out.append(f"supply: base image {entry['base_image']} ({how}; pulled unless the engine has it)")
+    te = packages_for(stack_doc, platform).get("transformer-engine")
+    if te and platform == "cuda-debian":
+        out.append(f"supply: wheel transformer-engine-torch {te}, built locally (docker/build-te-wheel.sh, "
+                   "docs/cuda-image.md) and given with --wheelhouse DIR: no index carries it")
+    elif te and platform == "cuda":
+        out.append(f"supply: nothing for transformer-engine-torch {te}: the image compiles its sdist against "
+                   "the locked torch (see any buildability problem)")
+    return out
 
 
 def build_args(stack_doc: dict, platform: str) -> dict[str, str]:
@@ -274,6 +300,8 @@ def make_plan(stack_doc: dict, stack_sha256: str, platform: str, context: list[C
     problems = source_problems(stack_doc, platform) + list(extra_problems or [])
     if problems and (platform not in PLATFORMS or platform not in stack_doc.get("platforms", {})):
         raise ValueError(problems[0])
+    # Known-incompatible pins (kit/model/buildability.v1.json): a build of them fails hours in, so the plan refuses them.
+    problems += [f.text() for f in buildability_findings(stack_doc, platform)]
     entry = stack_doc["platforms"][platform]
     args = build_args(stack_doc, platform)
     dockerfile = DOCKERFILES[platform]
@@ -286,7 +314,7 @@ def make_plan(stack_doc: dict, stack_sha256: str, platform: str, context: list[C
     lock_entry = next((e for e in ctx if e.path == "lock.json" and e.data is not None), None)
     if lock_entry is not None:
         lab[f"{LABEL_PREFIX}.lock.sha256"] = lock_sha256(json.loads(lock_entry.data))
-    all_notes = list(notes or [])
+    all_notes = list(notes or []) + site_supplies(stack_doc, platform)
     if entry.get("unresolved"):
         all_notes.append(f"base {entry['base_image']} is unresolved (a tag, not a digest)"
                          + (f": {entry['note']}" if entry.get("note") else ""))

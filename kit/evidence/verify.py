@@ -21,6 +21,7 @@ from kit.model.catalog import Catalog
 from kit.model.documents import read_json_file, schema_problems, sha256_of_file
 from kit.model.errors import KitError
 from kit.model.lock import lock_rule_problems
+from kit.model.buildability import buildability_findings
 from kit.model.stack import Stack, StackResolutionError, resolve_stack_document, stack_rule_problems
 
 
@@ -110,6 +111,8 @@ def _stack_rules(path: Path, doc: dict) -> tuple[list, list]:
         return [], ["abstract layer: other stacks extend it; arms cannot reference it"]
     stack = Stack(doc["name"], resolved, str(path))
     notes = [f"unpinned input: {u}" for u in stack.unpinned_inputs()]
+    # A stack may record software that ran but cannot be built again: a warning here, a problem in a build plan.
+    notes += [f"warning: {f.text()}" for f in buildability_findings(resolved)]
     for source in resolved["sources"]:
         for i, patch in enumerate(source.get("patches", [])):
             patch_path = path.resolve().parent / patch["path"]

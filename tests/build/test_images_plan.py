@@ -46,8 +46,9 @@ def test_smoke_patch_hash_and_tree_reproduce(tmp_path):
 
 def _dry_run(platform: str, arm: str, tmp_path: Path) -> dict:
     proc = run_kit("build", platform, "--arm", arm, "--dry-run", "--json", "--workspace", str(tmp_path / "ws"))
-    # rocm: no lock can be made here (its torch index is unreachable), so the plan names that problem.
-    assert proc.returncode == (1 if platform == "rocm" else 0), proc.stderr
+    # rocm: no lock can be made here (its torch index is unreachable), so the plan names that problem;
+    # G10's cuda stack pins TE 2.18 beside torch 2.9.1, which the buildability rules refuse.
+    assert proc.returncode == (1 if platform == "rocm" or arm == "G10" else 0), proc.stderr
     doc = json.loads(proc.stdout)
     assert schema_problems(doc, "rlk-kit/build-plan/v2") == []
     return doc
@@ -71,7 +72,9 @@ def test_g10_and_g11_dry_runs_show_historical_pins(tmp_path):
         assert re.search(r"@sha256:[0-9a-f]{64}$", plan["build_args"]["BASE_IMAGE"])
         assert plan["labels"]["org.opencontainers.image.base.digest"].startswith("sha256:")
         assert plan["tag"].startswith("rlk-kit/vime-g1") and plan["tag"].split(":")[1].startswith("cuda-")
-        assert plan["problems"] == []
+    assert g11["problems"] == []
+    assert [p.split(":")[0] for p in g10["problems"]] == ["buildability te-torch-symm-mem-header"]
+    assert "not rebuildable from source" in g10["problems"][0]
     assert g10["inputs_sha256"] != g11["inputs_sha256"]
     assert g10["labels"]["dev.rlk-kit.package.transformer-engine"] == "2.18.0"
 
@@ -216,7 +219,8 @@ def test_patch_with_another_sha256_fails_a_dry_run_with_exit_1(tmp_path):
                    str(tmp_path / "ws"), env={"KIT_MANIFESTS": str(manifests)})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     plan = json.loads(proc.stdout)                       # the plan is still printed in full
-    assert len(plan["problems"]) == 1 and "vime.patch" in plan["problems"][0]
+    patch_problems = [p for p in plan["problems"] if not p.startswith("buildability ")]
+    assert len(patch_problems) == 1 and "vime.patch" in patch_problems[0]
     assert "a7010a4408a10e2030d2a8bdf5ebae0f5db7ea2c6890cca4a867142a1ca41b37" in proc.stderr
     text = run_kit("build", "cuda", "--stack", "vime-current", "--dry-run", "--workspace",
                    str(tmp_path / "ws"), env={"KIT_MANIFESTS": str(manifests)})
@@ -311,3 +315,23 @@ def test_a_bare_mirror_is_accepted_as_a_source_when_it_holds_the_pin(tmp_path):
     check_at_pin("vime", mirror, pin)                      # HEAD elsewhere, the pin is there: accepted
     with pytest.raises(CheckFailed, match="does not hold the pinned commit"):
         check_at_pin("vime", mirror, "0" * 40)
+
+
+def test_plans_refuse_te_2_18_beside_torch_2_9_and_list_what_a_site_supplies(tmp_path):
+    # G10's historical stack keeps TE 2.18 beside torch 2.9.1: planned in full, refused with the rule
+    proc = run_kit("build", "cuda", "--arm", "G10", "--dry-run", "--workspace", str(tmp_path / "ws"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "problem: buildability te-torch-symm-mem-header: Transformer Engine 2.18.0" in proc.stdout
+    assert "torch 2.9.1" in proc.stderr and "transformer-engine 2.11.0" in proc.stderr
+    assert "not rebuildable from source" in proc.stderr and "Traceback" not in proc.stderr
+    # the shipped native/consistency stack pins TE 2.11.0, measured to build against its torch
+    for arm in ("consistency", "native", "G11"):
+        plan = _dry_run("cuda", arm, tmp_path)
+        assert plan["problems"] == [] and _locked(plan, "transformer-engine") == "2.11.0"
+    g11 = _dry_run("cuda", "G11", tmp_path)
+    supplies = [n for n in g11["notes"] if n.startswith("supply: ")]
+    for name, commit in (("rl-kernel", "5403df6e3c5244343438916248ccfcc597dd96f6"),
+                         ("vime", "a013293fb6dfdc5cd27152b54f64209ea2691d26"),
+                         ("megatron-lm", "1dcf0dafa884ad52ffb243625717a3471643e087")):
+        assert any(f"source {name} https://" in n and commit in n and f"--source {name}=PATH" in n for n in supplies)
+    assert any(n.startswith("supply: base image ") and "@sha256:" in n and "by digest" in n for n in supplies)
