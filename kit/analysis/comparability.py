@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from kit.evidence.compare import gate_set_of
-from kit.evidence.compare import compare_run_manifests
+from kit.evidence.compare import PINNED, SAME_HOST, compare_run_manifests, gate_set_of
 
 CONTROLLED_LABEL = "controlled comparison"
 DESCRIPTIVE_LABEL = "descriptive, not causal"
@@ -32,6 +31,10 @@ class PairVerdict:
     controlled: bool
     reasons: tuple[str, ...]        # why not controlled; empty when controlled
     uncontrolled_paths: tuple[str, ...]
+    # kit compare's provenance of identity (pinned | same-host), None when it could not say; and what the
+    # verdict is evidence about. Told in the headline (the analysis documents' pairs carry no such field).
+    provenance: str | None = None
+    scope: str = ""
 
     def to_json(self) -> dict:
         return {"reference": self.reference, "other": self.other, "controlled": self.controlled,
@@ -54,6 +57,14 @@ class Comparability:
     def label(self) -> str:
         return CONTROLLED_LABEL if self.controlled else DESCRIPTIVE_LABEL
 
+    @property
+    def provenance(self) -> str | None:
+        """pinned when every pair is, same-host when any pair is not, None when no pair could say."""
+        found = [p.provenance for p in self.pairs]
+        if not found or None in found:
+            return None
+        return PINNED if all(f == PINNED for f in found) else SAME_HOST
+
     def pair(self, other: str) -> PairVerdict | None:
         return next((p for p in self.pairs if p.other == other), None)
 
@@ -62,7 +73,9 @@ class Comparability:
         if not self.applicable:
             return "single arm: no comparison"
         if self.controlled:
-            return "controlled comparison (kit compare: only declared factors differ)"
+            scopes = "; ".join(dict.fromkeys(p.scope for p in self.pairs if p.scope))
+            return ("controlled comparison (kit compare: only declared factors differ)"
+                    + (f", {scopes}" if scopes else ""))
         # the first reasons only: the line goes into figure subtitles; pairs[].reasons keeps them all
         distinct = list(dict.fromkeys(r for p in self.pairs for r in p.reasons))
         shown = "; ".join(distinct[:HEADLINE_REASONS])
@@ -111,12 +124,14 @@ def assess_pair(reference, other, compare: Callable | None = None, pooled: Seque
                            (f"kit compare could not compare the manifests ({type(exc).__name__}: {exc})",) + evidence,
                            ())
     paths = tuple(str(getattr(d, "path", d)) for d in getattr(result, "uncontrolled", ()) or ())
+    provenance = getattr(result, "provenance", None)
+    scope = result.scope() if callable(getattr(result, "scope", None)) else ""
     if bool(getattr(result, "controlled", False)) and not paths:
-        return PairVerdict(reference.name, other.name, not evidence, evidence, ())
+        return PairVerdict(reference.name, other.name, not evidence, evidence, (), provenance, scope)
     shown = ", ".join(paths[:6]) + (f" and {len(paths) - 6} more" if len(paths) > 6 else "")
     reason = f"uncontrolled differences: {shown}" if paths else "kit compare reports the runs as not controlled"
     # what kit compare says first, then what the runs' evidence cannot vouch for
-    return PairVerdict(reference.name, other.name, False, (reason,) + evidence, paths)
+    return PairVerdict(reference.name, other.name, False, (reason,) + evidence, paths, provenance, scope)
 
 
 def assess(arms: Sequence, compare: Callable | None = None, pooled: Mapping[str, Sequence] | None = None, *,

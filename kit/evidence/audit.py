@@ -29,6 +29,7 @@ from kit.evidence.bundle import (
     status_of,
 )
 from kit.evidence.files import hash_bounded, walk_run_dir
+from kit.evidence.pinning import PINNED, pinned_reasons
 from kit.evidence.signing import UNSIGNED, dsse_envelope, load_public_key, policy_problems, seal_trust
 from kit.evidence.verdict import FileVerdict
 from kit.model.documents import (
@@ -80,12 +81,28 @@ def verify_run_dir(path: Path, public_key: Path | None = None, in_toto_out: Path
     verdict.notes.insert(0, f"trust: {words}")
     verdict.notes.append(f"{len(seal['artifacts'])} artifacts, root sha256 {seal['root_sha256']}, "
                          f"gate set {seal['gate_set_version']}, seal {seal['schema']}")
+    if not problems:
+        verdict.notes.append(_identity_note(run_dir))
     if in_toto_out is not None and not problems:
         write_in_toto(seal, Path(in_toto_out))
         verdict.notes.append(f"in-toto statement written to {in_toto_out}")
     verdict.problems = problems
     verdict.status = "fail" if problems else "ok"
     return verdict
+
+
+def _identity_note(run_dir: Path) -> str:
+    """Whether the sealed run ran its stack's pinned lock: a verified seal vouches for the files, not for that."""
+    try:
+        manifest = read_json_file(run_dir / MANIFEST)
+    except KitError as exc:
+        return f"identity: unknown ({exc})"
+    reasons = pinned_reasons(manifest) if isinstance(manifest, dict) else ("the manifest is not a JSON object",)
+    stack = ((manifest.get("stack") or {}).get("name") if isinstance(manifest, dict) else None) or "?"
+    if not reasons:
+        return f"identity: {PINNED} (ran the lock of stack {stack}: image built from it, probe equal to it)"
+    return (f"identity: not pinned, evidence about this run on its host, not about stack {stack} "
+            f"({'; '.join(reasons)})")
 
 
 def _read_seal(run_dir: Path) -> tuple[dict | None, list]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from kit.evidence import bundle as E
 from kit.evidence.audit import verify_run_dir
+from kit.evidence.pinning import PINNED, SAME_HOST, run_identity
 from kit.model.arm import Arm
 from kit.model.documents import read_json_file
 from kit.model.errors import BadInput, KitError
@@ -29,7 +30,7 @@ KEYED_LISTS = {"sources": "name"}
 
 DECLARED = "declared"
 UNCONTROLLED = "uncontrolled"
-COMPARISON_SCHEMA = "rlk-kit/comparison/v3"
+COMPARISON_SCHEMA = "rlk-kit/comparison/v4"
 GATE_SET_PATH = "validation.gate_set_version"
 
 
@@ -55,6 +56,8 @@ class Comparison:
     not_comparable: tuple[dict, ...] = field(default_factory=tuple)
     # runs: each run dir re-verified now: {"run", "verified", "trust", "gate_set_version", "problems"}
     evidence: tuple[dict, ...] = field(default_factory=tuple)
+    # runs: each run's identity against its stack's lock: {"run", "stack", "pinned", "reasons"}; () for arms
+    identity: tuple[dict, ...] = field(default_factory=tuple)
 
     @property
     def uncontrolled(self) -> list[Difference]:
@@ -63,6 +66,23 @@ class Comparison:
     @property
     def controlled(self) -> bool:
         return not self.uncontrolled and not self.not_comparable
+
+    @property
+    def provenance(self) -> str | None:
+        """``pinned`` when both runs ran their stack's lock, ``same-host`` when either did not; None for arms."""
+        if not self.identity:
+            return None
+        return PINNED if all(r["pinned"] for r in self.identity) else SAME_HOST
+
+    def scope(self) -> str:
+        """What the verdict is evidence about, in one line (empty for arms)."""
+        if self.provenance is None:
+            return ""
+        stacks = ", ".join(dict.fromkeys(r["stack"] for r in self.identity))
+        if self.provenance == PINNED:
+            return f"pinned: both runs ran the lock of stack {stacks} (image built from it, probe equal to it)"
+        return (f"same-host: evidence about these two runs on this host, not about stack {stacks} "
+                "(not both ran its pinned lock)")
 
     def to_json(self) -> dict:
         return {
@@ -75,6 +95,9 @@ class Comparison:
             "not_comparable": [dict(n) for n in self.not_comparable],
             "evidence": [dict(e) for e in self.evidence],
             "notes": list(self.notes),
+            "provenance": self.provenance,
+            "scope": self.scope() or None,
+            "identity": [dict(r, reasons=list(r["reasons"])) for r in self.identity],
         }
 
 
@@ -255,7 +278,8 @@ def compare_run_manifests(manifest_a: dict, manifest_b: dict) -> Comparison:
             notes.append(why)
             continue
         diffs.append(d)
-    return Comparison(manifest_a["run_id"], manifest_b["run_id"], tuple(diffs), tuple(factors), tuple(notes))
+    return Comparison(manifest_a["run_id"], manifest_b["run_id"], tuple(diffs), tuple(factors), tuple(notes),
+                      identity=(run_identity(manifest_a), run_identity(manifest_b)))
 
 
 def run_standing(run_dir: Path) -> dict | None:
@@ -359,5 +383,6 @@ def compare_run_dirs(a: Path, b: Path, *, public_key: Path | None = None, requir
                      + ("accepted with --accept-gate-sets" if accept_gate_sets else
                         "their verdicts are not comparable (pass --accept-gate-sets to accept it)"))
     notes += [f"{ev['run']}: evidence {ev['trust']}" for ev in evidence]
+    identity = tuple(dict(r, run=str(d)) for r, d in zip(result.identity, (a, b)))
     return replace(result, a=str(a), b=str(b), differences=tuple(diffs), notes=tuple(notes),
-                   not_comparable=tuple(standing), evidence=evidence)
+                   not_comparable=tuple(standing), evidence=evidence, identity=identity)

@@ -51,7 +51,7 @@ def test_compare_by_name_and_json():
     result = run("compare", "G10", "G11", "--json")
     assert result.exit_code == 1
     doc = json.loads(result.output)
-    assert doc["schema"] == "rlk-kit/comparison/v3" and doc["controlled"] is False
+    assert doc["schema"] == "rlk-kit/comparison/v4" and doc["controlled"] is False
     assert {d["path"] for d in doc["differences"] if d["status"] == "uncontrolled"} == {
         "attention_backend", "stack.packages.transformer-engine", "stack.sources.rl-kernel.commit", "stack.sources.vime.commit",
         # G10's TE 2.18 selects its CUDA 12 core explicitly (docs/locks.md)

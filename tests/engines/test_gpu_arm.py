@@ -148,6 +148,9 @@ def test_committed_pair_verifies_and_is_a_controlled_comparison():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = run_kit("compare", str(native), str(consistency))
     assert proc.returncode == 0 and "controlled" in proc.stdout, proc.stdout + proc.stderr
+    # the pair ran on the GPU host's own software, not in an image of its stack: same-host, not pinned
+    assert "controlled, same-host" in proc.stdout, proc.stdout
+    assert run_kit("compare", "--require-pinned", str(native), str(consistency)).returncode == 1
     for run_dir in (native, consistency):
         seal = json.dumps(read_json_file(run_dir / "seal.json"))
         assert "monitors/gpu-dmon.txt" in seal and "monitors/monitors.json" in seal

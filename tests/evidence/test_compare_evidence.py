@@ -33,7 +33,7 @@ def test_two_verified_runs_are_controlled_and_state_their_trust(tmp_path):
     a, b = sealed(tmp_path, "a"), sealed(tmp_path, "b")
     code, doc = compare(str(a), str(b))
     assert code == 0 and doc["controlled"], doc
-    assert doc["schema"] == "rlk-kit/comparison/v3"
+    assert doc["schema"] == "rlk-kit/comparison/v4"
     assert [(e["verified"], e["trust"]) for e in doc["evidence"]] == [(True, "unsigned"), (True, "unsigned")]
 
 

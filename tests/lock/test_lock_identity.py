@@ -33,11 +33,11 @@ def test_the_lock_comes_from_the_image_label_or_the_stacks_committed_lock():
     smoke = catalog.stack("smoke")
     image = {"ref": "rlk-kit/smoke:cpu-x", "id": "sha256:" + "1" * 64,
              "labels": {"dev.rlk-kit.lock.sha256": "a" * 64, "dev.rlk-kit.platform": "cpu"}}
-    assert lock_record("smoke", smoke.sha256, image) == _lock("a" * 64)
+    assert lock_record("smoke", smoke.sha256, image) == _lock("a" * 64) | {"installed": True}
     assert lock_record("smoke", smoke.sha256, dict(image, labels={})) is None   # an image built without a lock
     committed = lock_sha256(catalog.lock("smoke", "cpu")[0])
     assert lock_record("smoke", smoke.sha256, None) == {"sha256": committed, "stack": "smoke", "platform": "cpu",
-                                                         "source": "committed-lock"}
+                                                         "source": "committed-lock", "installed": False}
     assert lock_record("smoke", "0" * 64, None) is None        # not the catalog's stack: its lock is not this one's
     assert lock_record("gpu-h200", catalog.stack("gpu-h200").sha256, None) is None   # revision 1 has no lock
 

@@ -240,3 +240,30 @@ def test_interrupt_during_preflight_says_nothing_started_and_leaves_nothing(cpu_
     assert "interrupted during preflight; nothing was started" in err and "Traceback" not in err, err
     assert not (ws / "runs" / "int-pre-1").exists()
     assert not docker_engine.containers.list(all=True, filters={"label": f"{L.LABEL_PREFIX}.run-id=int-pre-1"})
+
+
+def test_a_pair_in_the_pinned_image_is_pinned_and_a_host_pair_is_same_host(cpu_image, ws, tmp_path):
+    # two runs in the image built from the smoke stack's lock: the observed identity is the lock's
+    for run_id in ("pin-1", "pin-2"):
+        proc = kit("run", "--arm", "smoke", "--runtime", "docker", "--rollouts", "2", "--run-id", run_id,
+                   "--allow-dirty", env={"KIT_WORKSPACE": str(ws)})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    pinned = kit("compare", "--json", "--require-pinned", str(ws / "runs" / "pin-1"), str(ws / "runs" / "pin-2"))
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+    doc = json.loads(pinned.stdout)
+    assert doc["provenance"] == "pinned" and all(r["pinned"] for r in doc["identity"]), doc["identity"]
+    manifest = json.loads((ws / "runs" / "pin-1" / "manifest.json").read_text())
+    assert manifest["lock"]["installed"] is True and manifest["lock"]["source"] == "image-label"
+    assert "identity: pinned" in kit("verify", str(ws / "runs" / "pin-1")).stdout
+    # the same arm on this host: comparable with each other, no evidence about the stack
+    host = tmp_path / "host-ws"
+    for run_id in ("host-1", "host-2"):
+        assert kit("run", "--arm", "smoke", "--rollouts", "2", "--run-id", run_id, "--allow-dirty",
+                   env={"KIT_WORKSPACE": str(host)}).returncode == 0
+    same = kit("compare", "--json", str(host / "runs" / "host-1"), str(host / "runs" / "host-2"))
+    doc = json.loads(same.stdout)
+    assert same.returncode == 0 and doc["controlled"] and doc["provenance"] == "same-host", same.stdout
+    manifest = json.loads((host / "runs" / "host-1" / "manifest.json").read_text())
+    assert manifest["lock"]["installed"] is False
+    assert kit("compare", "--require-pinned", str(host / "runs" / "host-1"),
+               str(host / "runs" / "host-2")).returncode == 1
