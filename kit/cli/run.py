@@ -196,3 +196,10 @@ def _print_dry_run(doc: dict) -> None:
                f"ray job {plan['ray_job']['submission_id']}")
     click.echo("command:")
     click.echo("  " + plan["command"]["shell"])
+    failed = [c for c in doc["checks"] if c["status"] == "FAIL"]
+    click.echo("needs:")
+    for check in doc["checks"]:
+        click.echo(f"  {check['status']} {check['name']}: {check['reason']}")
+    click.echo("ready: yes, every input is there" if not failed else
+               f"ready: no, kit run would refuse: {len(failed)} of {len(doc['checks'])} not ready (kit doctor --arm "
+               f"{plan['arm']['name']} checks the host too)")

@@ -28,6 +28,7 @@ from kit.model.workspace import Workspace
 from kit.run.finalize import finish_run, run_ending, status_document, timing
 from kit.run.inputs import check_pinned_inputs, file_inputs, input_mounts, vime_input_files
 from kit.run.monitors import Monitors
+from kit.run.readiness import missing_inputs_message, readiness
 from kit.run.logs import Progress, RunLogs, SignalFlag
 from kit.run.manifest import build_manifest, dry_run_document, header_line, job_spec, repository_state
 from kit.run.request import RunOutcome, RunRequest, check_request, plan_for
@@ -47,7 +48,7 @@ def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callabl
     run_id = plan["run_id"]
     workspace = request.workspace.resolve()
     if request.dry_run:
-        return RunOutcome(run_id, None, "planned", document=dry_run_document(request, plan))
+        return RunOutcome(run_id, None, "planned", document=dry_run_document(request, plan, readiness(request, progress)))
     used = E.run_id_in_use(workspace, run_id) if workspace.exists() else None
     if used:
         raise BadInput(f"--run-id {run_id}: already used in this workspace ({used}); run ids are never reused, pick a new one")
@@ -57,7 +58,10 @@ def execute(request: RunRequest, *, progress: TextIO | None = None, log: Callabl
         raise BadInput(f"refusing a run from a dirty kit checkout ({repo['root']}: {len(repo['status'])} changed paths, "
                        f"e.g. {shown}); commit them, or pass --allow-dirty for a development run (recorded in the manifest)")
 
-    files = vime_input_files(request) if traits(request.arm.engine).uses_input_files else {}
+    try:
+        files = vime_input_files(request) if traits(request.arm.engine).uses_input_files else {}
+    except BadInput as missing:
+        raise BadInput(missing_inputs_message(request, missing)) from None
     if files:
         check_pinned_inputs(request, files, progress)
     E.check_runs_writable(workspace)     # before anything is started: a read-only run root is one line

@@ -40,7 +40,16 @@ def file_inputs(paths: dict[str, Path | None], cache: Path, progress: TextIO | N
 
 
 def vime_input_files(request: RunRequest) -> dict[str, Path]:
-    """The files a VIME arm reads, from the flags or the workspace that ``kit prepare`` filled; each must exist."""
+    """The files a VIME arm reads, from the flags or the workspace that ``kit prepare`` filled; each must
+    exist. Every missing one is named in one BadInput, one line each: a site fixes them in one go."""
+    found, missing = find_input_files(request)
+    if missing:
+        raise BadInput("\n".join(missing.values()))
+    return found
+
+
+def find_input_files(request: RunRequest) -> tuple[dict[str, Path], dict[str, str]]:
+    """(the input files found: name -> resolved path, the missing ones: name -> what to give)."""
     ws = Workspace(request.workspace)
     # Without flags: the checkpoint kit prepare --convert-checkpoint made with this arm's stack, and
     # the model it was converted from, as the workspace's provenance records them. A default never
@@ -64,15 +73,15 @@ def vime_input_files(request: RunRequest) -> dict[str, Path]:
              "checkpoint": (checkpoint, "--checkpoint DIR (default: the torch_dist checkpoint kit prepare "
                                         "--convert-checkpoint wrote for this stack)"),
              "prompt_data": (request.prompt_data or ws.data, f"--prompt-data FILE (default {ws.data}, written by kit prepare)")}
-    out = {}
+    found, missing = {}, {}
     for name, (path, flag) in given.items():
         if path is None:
-            raise BadInput(f"arm {request.arm.name} reads {name.replace('_', ' ')}: give {flag}")
-        path = Path(path)
-        if not path.exists():
-            raise BadInput(f"{path}: not found; give {flag}")
-        out[name] = path.resolve()
-    return out
+            missing[name] = f"arm {request.arm.name} reads {name.replace('_', ' ')}: give {flag}"
+        elif not Path(path).exists():
+            missing[name] = f"{path}: not found; give {flag}"
+        else:
+            found[name] = Path(path).resolve()
+    return found, missing
 
 
 def _same_path(a: str | Path | None, b: str | Path) -> bool:

@@ -23,8 +23,8 @@ from kit.model.errors import BadInput
 from kit.model.labels import LABEL_PREFIX
 from kit.model.lock import lock_sha256
 from kit.model.engine_traits import traits
-from kit.run.inputs import input_mounts, vime_input_files
-from kit.run.request import RunRequest, inputs_given
+from kit.run.inputs import input_mounts
+from kit.run.request import RunRequest
 from kit.runtimes import JobSpec
 
 KIT_ROOT = Path(__file__).resolve().parents[2]
@@ -45,14 +45,16 @@ def job_spec(plan: dict, argv: list[str], *, image_id: str | None, manifest_sha2
 
 
 def lock_record(stack_name: str, stack_sha256: str, image: dict | None) -> dict | None:
-    """Which lock the run's packages come from (run-manifest/v2 ``lock``): the image's lock label, or for a
+    """Which lock the run's packages come from (run-manifest/v3 ``lock``): the image's lock label, or for a
     run without an image the committed lock of its stack (when the kit's catalog holds that very stack and
-    exactly one lock of it); None when there is none."""
+    exactly one lock of it); None when there is none. ``installed`` is true only for the image's lock: the
+    image was built from it and the live container's probe was held to the stack and the lock before the
+    job started (the runtime refuses a container that differs); a host run installs nothing."""
     if image is not None:
         labels = image.get("labels") or {}
         sha = labels.get(f"{LABEL_PREFIX}.lock.sha256")
         return {"sha256": sha, "stack": stack_name, "platform": labels.get(f"{LABEL_PREFIX}.platform") or "unknown",
-                "source": "image-label"} if sha else None
+                "source": "image-label", "installed": True} if sha else None
     catalog = Catalog.default()
     locks = [(platform, doc) for (stack, platform), (doc, _) in catalog.lock_docs.items() if stack == stack_name]
     try:
@@ -61,7 +63,8 @@ def lock_record(stack_name: str, stack_sha256: str, image: dict | None) -> dict 
         same_stack = False
     if len(locks) != 1 or not same_stack:
         return None
-    return {"sha256": lock_sha256(locks[0][1]), "stack": stack_name, "platform": locks[0][0], "source": "committed-lock"}
+    return {"sha256": lock_sha256(locks[0][1]), "stack": stack_name, "platform": locks[0][0], "source": "committed-lock",
+            "installed": False}
 
 
 def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job: dict, env_host: dict,
@@ -75,7 +78,7 @@ def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job
     ray_job["entrypoint"] = shlex.join(argv)
     ray_job["runtime_env"] = {**ray_job["runtime_env"], "env_vars": record_job(env_job)}
     return {
-        "schema": schema_id("run-manifest", 2),
+        "schema": schema_id("run-manifest", 3),
         "run_id": plan["run_id"],
         "created_at": E.utc_now(),
         "kit_version": __version__,
@@ -149,23 +152,28 @@ def repository_state(root: Path = KIT_ROOT) -> dict:
             "tracked_diff_sha256": hashlib.sha256(diff).hexdigest()}
 
 
-def dry_run_document(request: RunRequest, plan: dict) -> dict:
-    """What ``--dry-run`` prints: the plan and the manifest fields known before anything starts."""
+def dry_run_document(request: RunRequest, plan: dict, checks: list | None = None) -> dict:
+    """What ``--dry-run`` prints: the plan, what the run needs and its state (``checks``: kit/run/readiness.py),
+    and the manifest fields known before anything starts."""
     env_job = dict(plan["ray_job"]["runtime_env"]["env_vars"])
     run_dir = str(request.workspace.resolve() / E.RUNS_DIR / plan["run_id"])
+    checks = [c.to_json() for c in checks or []]
+    found = {c["name"].split(".", 1)[1]: Path(c["details"]["path"]) for c in checks
+             if c["name"].startswith("inputs.") and c["status"] == "PASS" and "path" in c.get("details", {})}
     return {
-        "schema": schema_id("run-dry-run"),
+        "schema": schema_id("run-dry-run", 2),
         "status": "planned",
         "run_dir": run_dir,
         "runtime": request.runtime,
+        "ready": all(c["status"] != "FAIL" for c in checks),
+        "checks": checks,
         "plan": plan,
         "manifest_preview": {
             "run_id": plan["run_id"], "arm": plan["arm"]["name"], "arm_sha256": sha256_of_document(plan["arm"]),
             "stack": {"name": request.arm.stack.name, "sha256": request.arm.stack.sha256},
             "commands": {"train": plan["command"]["argv"], "entrypoint_appended": plan["command"]["entrypoint_appended"]},
             "environment": {"job": record_job(env_job)},
-            "input_mounts": (input_mounts(vime_input_files(request)) if traits(request.arm.engine).uses_input_files and
-                             inputs_given(request) else None),
+            "input_mounts": input_mounts(found) if len(found) == 3 else None,
             "determined_at_run_time": ["observed_identity", "image", "host", "gpus", "ray_cluster", "inputs",
                                        "repository", "created_at"],
         },

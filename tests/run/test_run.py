@@ -21,7 +21,7 @@ PASSWORD = "pa55-w0rd-xyz"
 
 def kit(*args, env=None, timeout=600):
     full_env = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, env=full_env,
+    return subprocess.run([sys.executable, "-m", "kit", *map(str, args)], capture_output=True, text=True, env=full_env,
                           timeout=timeout)
 
 
@@ -132,11 +132,39 @@ def test_dry_run_creates_nothing(tmp_path):
     proc = kit("run", "--arm", "G10", "--dry-run", "--json", env={"KIT_WORKSPACE": str(tmp_path / "ws")})
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert doc["schema"] == "rlk-kit/run-dry-run/v1"
+    assert doc["schema"] == "rlk-kit/run-dry-run/v2" and not schema_problems(doc, expected="run-dry-run")
     argv = doc["plan"]["command"]["argv"]
     assert "train.py" in argv and "--tensor-model-parallel-size" in argv
     assert doc["manifest_preview"]["commands"]["train"] == argv
     assert not (tmp_path / "ws").exists()
+
+
+def test_dry_run_names_every_input_and_its_state(tmp_path):
+    # no flags, an empty workspace: the image (none of G11's stack here) and each of the three inputs fail
+    env = {"KIT_WORKSPACE": str(tmp_path / "ws")}
+    doc = json.loads(kit("run", "--arm", "G11", "--dry-run", "--json", env=env).stdout)
+    states = {c["name"]: c["status"] for c in doc["checks"]}
+    assert states == {"image": "FAIL", "inputs.model": "FAIL", "inputs.checkpoint": "FAIL",
+                      "inputs.prompt_data": "FAIL", "inputs.pins": "SKIP"} and doc["ready"] is False
+    assert "kit build cuda --arm G11" in next(c["reason"] for c in doc["checks"] if c["name"] == "image")
+    # given inputs are found, and the pinned prompt-data hash is checked against the file given
+    model, ckpt, data = tmp_path / "model", tmp_path / "torch_dist", tmp_path / "prompts.jsonl"
+    model.mkdir(), ckpt.mkdir()
+    data.write_text('{"prompt": "1+1", "label": "2"}\n')
+    doc = json.loads(kit("run", "--arm", "G11", "--dry-run", "--json", "--model", model, "--checkpoint", ckpt,
+                         "--prompt-data", data, env=env).stdout)
+    states = {c["name"]: c["status"] for c in doc["checks"]}
+    assert states["inputs.model"] == states["inputs.checkpoint"] == states["inputs.prompt_data"] == "PASS"
+    pins = next(c for c in doc["checks"] if c["name"] == "inputs.pins")
+    assert pins["status"] == "FAIL" and "prompt_data_sha256" in pins["reason"], pins
+    assert doc["manifest_preview"]["input_mounts"][str(model)] == "/inputs/model"
+    # the text form says the same, and a real run names every missing input at once, the image first
+    text = kit("run", "--arm", "G11", "--dry-run", env=env)
+    assert text.returncode == 0 and "ready: no" in text.stdout and text.stdout.count("FAIL inputs.") == 3
+    real = kit("run", "--arm", "G11", "--allow-dirty", env=env)
+    lines = real.stderr.strip().splitlines()
+    assert real.returncode == 2 and "kit build cuda --arm G11" in lines[0] and len(lines) == 4, real.stderr
+    assert not (tmp_path / "ws" / "runs").exists()
 
 
 def test_vime_arm_on_local_runtime_is_refused(tmp_path):
@@ -299,7 +327,7 @@ def test_compare_with_a_run_that_did_not_complete_is_not_controlled(strict_run, 
     cmp = kit("compare", "--json", str(sealed), str(stopped))
     assert cmp.returncode == 1, cmp.stdout + cmp.stderr
     doc = json.loads(cmp.stdout)
-    assert schema_problems(doc, "comparison") == [] and doc["schema"] == "rlk-kit/comparison/v3"
+    assert schema_problems(doc, "comparison") == [] and doc["schema"] == "rlk-kit/comparison/v4"
     assert not doc["controlled"] and [d["path"] for d in doc["differences"]] == ["workload.rollouts"]
     assert [(n["run"], n["status"], n["sealed"]) for n in doc["not_comparable"]] == [(str(stopped), "interrupted", False)]
     # nothing differs between the interrupted run and a copy of it: only their standing makes the pair uncontrolled
