@@ -350,7 +350,7 @@ def replicates(runs, out_dir, draws, seed, figures, as_json):
     noise-floor.png/.pdf show each arm's seed means and their range per metric.
     \b
     Example:
-      kit analyze replicates .workspace/groups/smoke-native-g*.json .workspace/groups/smoke-consistency-g*.json --out report/noise
+      kit analyze replicates .workspace/groups/smoke-native-g*.json .workspace/groups/smoke-g*.json --out report/noise
     """
     paths = []
     for r in runs:

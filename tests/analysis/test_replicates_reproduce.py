@@ -115,3 +115,37 @@ def test_compare_records_names_the_first_divergent_step_and_field(replicate_grou
     d = result["first_divergence"]
     assert (d["step"], d["record"], d["field"]) == (1, "step", "train/train_rollout_logprob_abs_diff")
     assert compare_records(original, original)["reproduced"] is True
+
+
+def _documented_replicates_lines():
+    """The `kit analyze replicates` example of docs/analysis.md §9 and of the command's --help."""
+    from click.testing import CliRunner
+
+    from kit.cli import cli
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "analysis.md").read_text()
+    helps = CliRunner().invoke(cli, ["analyze", "replicates", "--help"]).output
+    lines = [ln.strip() for text in (docs, helps) for ln in text.splitlines()
+             if ln.strip().startswith("kit analyze replicates .workspace/groups/")]
+    assert len(lines) >= 2, "the docs and the --help each show the groups example"
+    return lines
+
+
+@pytest.mark.slow
+def test_the_documented_group_globs_match_one_group_of_each_mode(replicate_groups, tmp_path):
+    import glob
+    import shlex
+
+    ws, groups = replicate_groups
+    for n, line in enumerate(_documented_replicates_lines()):
+        args = shlex.split(line)[1:]
+        patterns = [a for a in args if a.startswith(".workspace/groups/")]
+        expanded = {p: sorted(glob.glob(str(ws) + p[len(".workspace"):])) for p in patterns}
+        # as a shell expands them: each glob names exactly one group, native first and consistency second
+        assert [[Path(m).stem for m in found] for found in expanded.values()] == \
+               [[groups["native"]["group"]], [groups["consistency"]["group"]]], (line, expanded)
+        rest = [a for a in args if not a.startswith(".workspace/groups/")]
+        rest = [str(tmp_path / f"noise{n}") if a == "report/noise" else a for a in rest]
+        files = [m for found in expanded.values() for m in found]
+        proc = kit(*rest[:2], *files, *rest[2:], workspace=ws)
+        assert proc.returncode == 0, (line, proc.stderr[-2000:])
