@@ -24,6 +24,7 @@ from kit.model.errors import KitError
 COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("kit.cli.verify", "Check stack/arm locks, images or sealed run dirs; exit 1 on any failure."),
     "compare": ("kit.cli.compare", "Classify every difference between two arms or runs as declared or uncontrolled."),
+    "keys": ("kit.cli.keys", "Make a key pair to sign runs and builds with (ECDSA P-256 or ed25519)."),
     "lock": ("kit.cli.lock", "Hash-lock every package of each stack's platforms (uv); --check reports drift."),
     "plan": ("kit.cli.plan", "Resolve an arm into topology, train command, Ray job and the image it needs."),
     "build": ("kit.cli.build", "Build the pinned image of a stack for cuda, rocm or cpu on a Docker engine."),

@@ -12,13 +12,14 @@ from kit.build.images import check_image, image_platform, image_stack_name, veri
 from kit.build.provenance_check import image_provenance_problems
 from kit.cli._output import emit_json
 from kit.cli.build import default_workspace
-from kit.evidence.audit import verify_run_dir, write_in_toto
+from kit.evidence.attestation import STATEMENT_SCHEMA, add_attestation_verdict, model_signature_verdict, sealed_statement
+from kit.evidence.audit import IN_TOTO_SCHEMAS, verify_run_dir, write_in_toto
 from kit.evidence.bundle import SEAL
-from kit.evidence.signing import load_public_key
+from kit.evidence.signing import ECDSA_P256, algorithm_of, load_public_key
 from kit.evidence.verdict import FileVerdict
 from kit.evidence.verify import verify_document_file
 from kit.model.catalog import Catalog
-from kit.model.documents import read_json_file
+from kit.model.documents import read_json_file, write_new_document
 from kit.model.errors import BadInput, KitError
 
 
@@ -28,12 +29,16 @@ from kit.model.errors import BadInput, KitError
               "(--arm/--stack, else the one its dev.rlk-kit.stack.name label names).")
 @click.option("--arm", "arm_name", metavar="A", help="With --image: the arm whose stack the image must hold.")
 @click.option("--stack", "stack_name", metavar="S", help="With --image: the stack the image must hold.")
-@click.option("--key", "public_key", type=click.Path(path_type=Path, dir_okay=False), help="ed25519 public key a run dir's seal or a build provenance must be signed with.")
+@click.option("--key", "public_key", type=click.Path(path_type=Path, dir_okay=False), help="Public key (ed25519 or ECDSA "
+              "P-256, PEM) a run dir's seal, a build provenance or a --model-signature must be signed with.")
+@click.option("--model-signature", "model_sig", metavar="SIG", type=click.Path(path_type=Path, dir_okay=False),
+              help="Check the one directory PATH against this OpenSSF model-signing signature (model_signing sign key "
+                   "or a signed run's model.sig); needs --key, an ECDSA P-256 public key.")
 @click.option("--require-signature", is_flag=True, help="A run dir whose seal is unsigned fails (exit 1); with --key, "
               "only that key's signature passes.")
 @click.option("--in-toto", "in_toto", type=click.Path(path_type=Path, dir_okay=False), help="Also write a run dir's seal as an in-toto v1 Statement to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/verification/v2 document.")
-def command(paths, image, arm_name, stack_name, public_key, require_signature, in_toto, as_json):
+def command(paths, image, arm_name, stack_name, public_key, require_signature, model_sig, in_toto, as_json):
     """Check lock files, sealed run directories or an image.
 
     Files get schema validation plus the semantic rules (full 40-hex commits, exact versions,
@@ -41,7 +46,9 @@ def command(paths, image, arm_name, stack_name, public_key, require_signature, i
     run dirs: every artifact is re-hashed against the seal, the seal is cross-checked with
     validation.json, the manifest and status.json, and the verdict states its trust level
     (unsigned: integrity only; signed: by the key the seal embeds; trusted: by the --key given).
-    Every path gets its verdict; a bad one never stops the others. Exit 0 all valid, 1 any
+    A signed run's sealed in-toto attestation (attestation.dsse.json) and model-signing signature
+    (model.sig) are held to the seal. --model-signature checks a directory the way model_signing
+    verify key does. Every path gets its verdict; a bad one never stops the others. Exit 0 all valid, 1 any
     invalid, 2 any unreadable input or usage.
 
     \b
@@ -57,14 +64,15 @@ def command(paths, image, arm_name, stack_name, public_key, require_signature, i
 
     if not paths and not image:
         raise BadInput("give one or more PATHs (lock files or run dirs) or --image REF; see kit verify --help")
-    if public_key is not None:
-        load_public_key(public_key)   # a bad --key is bad input before any verdict
+    key = load_public_key(public_key) if public_key is not None else None  # a bad --key is bad input before any verdict
+    if model_sig is not None:
+        return _verify_model_signature(paths, model_sig, public_key, key, as_json)
     verdicts: list[FileVerdict] = []
     for path in paths:
         try:
             if path.is_dir():
-                verdicts.append(verify_run_dir(path, public_key=public_key,
-                                               require_signature=require_signature or public_key is not None))
+                verdicts.append(add_attestation_verdict(verify_run_dir(
+                    path, public_key=public_key, require_signature=require_signature or public_key is not None), key))
             else:
                 verdicts.append(verify_document_file(path, public_key=public_key, require_signature=require_signature))
         except (KitError, OSError, ValueError, RecursionError) as exc:   # one bad path never hides the others' verdicts
@@ -76,7 +84,11 @@ def command(paths, image, arm_name, stack_name, public_key, require_signature, i
     passed = all(v.status == "ok" for v in verdicts)
     if as_json:
         emit_json({"schema": "rlk-kit/verification/v2", "passed": passed, "results": [v.to_json() for v in verdicts]})
-    else:
+    _report(verdicts, passed, as_json)
+
+
+def _report(verdicts: list[FileVerdict], passed: bool, as_json: bool) -> None:
+    if not as_json:
         for v in verdicts:
             label = {"ok": "OK  ", "fail": "FAIL", "unreadable": "FAIL"}[v.status]
             kind = f"{v.kind}, {v.trust}" if v.trust else v.kind
@@ -100,8 +112,35 @@ def _write_in_toto(verdicts, out: Path) -> None:
     if runs[0].status != "ok":
         runs[0].notes.append("no in-toto statement written: the run dir does not verify")
         return
-    write_in_toto(read_json_file(Path(runs[0].path) / SEAL), out)
+    seal = read_json_file(Path(runs[0].path) / SEAL)
+    if seal["schema"] in IN_TOTO_SCHEMAS:
+        write_in_toto(seal, out)
+    else:      # a newer seal: the statement is the run's sealed, signed attestation (verified above)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_new_document(out, sealed_statement(Path(runs[0].path)), schema=STATEMENT_SCHEMA)
     runs[0].notes.append(f"in-toto statement written to {out}")
+
+
+def _verify_model_signature(paths, signature: Path, public_key: Path | None, key, as_json: bool) -> None:
+    """One directory against a model-signing bundle signed by --key; a run dir's seal is verified too, as
+    without --key (its own signer's trust level stated): a model signature may be a second party's."""
+    dirs = [p for p in paths if p.is_dir()]
+    if len(paths) != 1 or len(dirs) != 1:
+        raise BadInput(f"--model-signature {signature}: give exactly one directory PATH, the one it signs "
+                       f"({len(paths)} path(s) given, {len(dirs)} a directory)")
+    if key is None:
+        raise BadInput(f"--model-signature {signature}: needs --key PUB, the ECDSA P-256 public key it was signed with "
+                       "(a model-signing bundle in key mode names its key only by a hint)")
+    if algorithm_of(key) != ECDSA_P256:
+        raise BadInput(f"--key {public_key}: an ed25519 key; a model-signing signature in key mode is checked with "
+                       "the ECDSA P-256 public key it was signed with")
+    verdicts = [model_signature_verdict(dirs[0], signature, key)]
+    if (dirs[0] / SEAL).exists():
+        verdicts.insert(0, add_attestation_verdict(verify_run_dir(dirs[0])))
+    passed = all(v.status == "ok" for v in verdicts)
+    if as_json:
+        emit_json({"schema": "rlk-kit/verification/v2", "passed": passed, "results": [v.to_json() for v in verdicts]})
+    _report(verdicts, passed, as_json)
 
 
 def _one_line(exc: Exception) -> str:

@@ -25,8 +25,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kit import __version__
+from kit.evidence.attestation import SIGNATURE_FILES, write_run_attestations
 from kit.evidence.files import hash_bounded, walk_run_dir
-from kit.evidence.signing import load_private_key, sign_seal
+from kit.evidence.signing import ECDSA_P256, algorithm_of, load_private_key, sign_seal
 from kit.model.documents import (dumps_pretty, read_json_file, replace_document, require_valid, schema_id,
                                  schema_problems, sha256_of_document, write_new_document)
 from kit.model.errors import BadInput, CheckFailed, KitError
@@ -43,6 +44,7 @@ KIT_LOG = "kit.log"
 RUNS_DIR = "runs"
 ID_REGISTRY = ".ids"
 SEAL_SCHEMA = schema_id("seal", 3)
+SEAL_SCHEMA_ECDSA = schema_id("seal", 4)       # seal v3 whose signature is ECDSA P-256
 MANIFEST_SCHEMA = schema_id("run-manifest")
 SEAL_TMP_PREFIX = f".{SEAL}.tmp-"        # where kit versions before seal v2 staged the seal, inside the run dir
 READ_ONLY_MASK = ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) & 0o7777
@@ -269,7 +271,8 @@ def seal_run_dir(run_dir: Path, *, run_id: str, validation_passed: bool, gate_se
     The seal's bytes go to a temporary file beside the run dir (never inside it) and are linked into
     place, so a crash leaves either no seal or a whole one, and never a stray file in the sealed tree.
     ``private_key`` (loaded with :func:`load_private_key` before the run started) or ``sign_key``
-    (a path, loaded now) signs the seal."""
+    (a path, loaded now) signs the seal; a signed run also seals its in-toto attestation and, for an
+    ECDSA P-256 key, its model-signing signature (:mod:`kit.evidence.attestation`), written before the seal."""
     run_dir = Path(run_dir)
     _refuse_if_sealed(run_dir)
     if private_key is None and sign_key is not None:
@@ -278,8 +281,18 @@ def seal_run_dir(run_dir: Path, *, run_id: str, validation_passed: bool, gate_se
         for rel in artifact_paths(run_dir):
             path = run_dir / rel
             path.chmod(stat.S_IMODE(path.lstat().st_mode) & READ_ONLY_MASK)
+        for name in SIGNATURE_FILES:      # reserved names: left by a sealing that was killed, made again below
+            (run_dir / name).unlink(missing_ok=True)
+        paths = [p for p in artifact_paths(run_dir) if not p.startswith(SEAL_TMP_PREFIX)]
+        if private_key is not None and MANIFEST in paths and VALIDATION in paths:
+            digests = {p: d for p, (d, _) in hash_artifacts(run_dir, paths).items()}
+            write_run_attestations(run_dir, digests, private_key, run_id=run_id, validation_passed=validation_passed,
+                                   gate_set_version=gate_set_version)
         seal = build_seal(run_dir, run_id=run_id, validation_passed=validation_passed, gate_set_version=gate_set_version)
         if private_key is not None:
+            if algorithm_of(private_key) == ECDSA_P256:
+                seal["schema"] = SEAL_SCHEMA_ECDSA
+                seal["seal_sha256"] = seal_sha256(seal)
             seal["signature"] = sign_seal(seal, private_key)
         require_valid(seal, str(run_dir / SEAL), "seal")
         tmp = run_dir.parent / f".{run_dir.name}.{SEAL}.tmp-{os.getpid()}"

@@ -5,8 +5,8 @@ The statement itself stays unsigned and byte-stable (its sha256 is the image's
 the key). The signature goes next to it, ``<tag>.provenance.dsse.json``: a standard DSSE envelope
 (payloadType ``application/vnd.in-toto+json``, payload = the statement's canonical JSON), which
 is how in-toto attestations travel (cosign, in-toto verifiers read it). Each signature entry also
-carries its ed25519 ``public_key`` so the kit can state the trust level without ``--key``. The
-signature and its check are :mod:`kit.evidence.signing`'s (DSSE PAE, ed25519); nothing is
+carries its ``public_key`` so the kit can state the trust level without ``--key``. The
+signature and its check are :mod:`kit.evidence.signing`'s (DSSE PAE, ed25519 or ECDSA P-256); nothing is
 re-implemented here. Example::
 
     envelope_path = sign_provenance(Path("builds/rlk-kit_smoke_cpu-….provenance.json"), key)
@@ -22,12 +22,12 @@ import json
 import os
 from pathlib import Path
 
-from kit.evidence.signing import UNSIGNED, dsse_envelope, seal_trust, sign_seal
+from kit.evidence.signing import ECDSA_P256, ED25519, UNSIGNED, dsse_envelope, seal_trust, sign_seal
 from kit.model.documents import canonical_json, dumps_pretty, read_json_file, require_valid, schema_problems
 from kit.model.errors import BadInput
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"     # the in-toto attestation framework's DSSE type
-ENVELOPE_SCHEMA = "rlk-kit/dsse-envelope/v1"
+ENVELOPE_SCHEMA = "rlk-kit/dsse-envelope/v2"     # v1 envelopes (ed25519 only) are v2 envelopes
 SUFFIX = ".dsse.json"
 
 
@@ -41,7 +41,7 @@ def is_envelope(doc) -> bool:
 
 
 def sign_statement(statement: dict, private_key) -> dict:
-    """The DSSE envelope of ``statement`` signed with ``private_key`` (ed25519)."""
+    """The DSSE envelope of ``statement`` signed with ``private_key`` (ed25519 or ECDSA P-256)."""
     signature = sign_seal(statement, private_key, payload_type=PAYLOAD_TYPE)
     envelope = dsse_envelope({**statement, "signature": signature})
     envelope["signatures"][0]["public_key"] = signature["public_key"]
@@ -76,7 +76,7 @@ def envelope_statement(envelope: dict) -> dict:
 
 
 def envelope_problems(envelope: dict, statement: dict, *, public_key=None) -> tuple[list[tuple[str, str]], str, str]:
-    """``(problems, trust, words)``: every signature of ``envelope`` must be an ed25519 DSSE signature
+    """``(problems, trust, words)``: every signature of ``envelope`` must be an ed25519 or ECDSA P-256 DSSE signature
     over ``statement``'s canonical JSON (so any changed field is a problem), and by ``public_key`` when given."""
     problems = [(p or "/", m) for p, m in schema_problems(envelope, as_schema=ENVELOPE_SCHEMA)]
     if problems:
@@ -88,7 +88,8 @@ def envelope_problems(envelope: dict, statement: dict, *, public_key=None) -> tu
         problems.append(("/payload", "is not this statement: the statement or the envelope was changed"))
     levels = []
     for index, entry in enumerate(envelope["signatures"]):
-        signature = {"algorithm": "ed25519", "scheme": "dsse-v1", "payload_type": envelope["payloadType"],
+        algorithm = ED25519 if len(base64.b64decode(entry["public_key"])) == 32 else ECDSA_P256
+        signature = {"algorithm": algorithm, "scheme": "dsse-v1", "payload_type": envelope["payloadType"],
                      "keyid": entry.get("keyid") or None, "public_key": entry["public_key"], "value": entry["sig"]}
         level, words, found = seal_trust({**statement, "signature": signature}, public_key)
         levels.append((level, words))

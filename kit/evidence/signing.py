@@ -1,9 +1,11 @@
-"""Who vouches for a seal: ed25519 keys, DSSE signatures over the whole seal, and trust levels.
+"""Who vouches for a seal: ed25519 or ECDSA P-256 keys, DSSE signatures over the whole seal, trust levels.
 
 A v2 seal is signed the way a DSSE envelope is (https://github.com/secure-systems-lab/dsse): the
 signature covers ``PAE(payloadType, payload)`` where the payload is the canonical JSON of the seal
 without its ``signature`` field, so every field the seal states is covered and the seal exports as
-a standard envelope (:func:`dsse_envelope`). Three trust levels are stated in every verdict:
+a standard envelope (:func:`dsse_envelope`). Two key types are taken: ed25519 (the kit's own since
+seal v2) and ECDSA P-256 with SHA-256 (DER signatures), which OpenSSF model signing's ``key`` mode
+requires (it takes only NIST curves). Three trust levels are stated in every verdict:
 
 * ``unsigned``   integrity only: the files match the seal, but anyone could have written it;
 * ``signed``     signed by the key the seal embeds (its id is named), which nobody vouched for;
@@ -57,7 +59,24 @@ def _read_key_bytes(path: Path, what: str, flag: str) -> bytes:
     return raw
 
 
-def _load_key(path: Path, flag: str, what: str, accepted: str, expected_type, parse):
+ED25519, ECDSA_P256 = "ed25519", "ecdsa-p256-sha256"
+KEY_TYPES = (ED25519, ECDSA_P256)
+ACCEPTED_PRIVATE = "PEM PKCS#8 (unencrypted) of an ed25519 or ECDSA P-256 key, or 32 raw ed25519 bytes"
+ACCEPTED_PUBLIC = "PEM SubjectPublicKeyInfo of an ed25519 or ECDSA P-256 key, or an ed25519 key as 32 raw bytes, hex or base64"
+
+
+def algorithm_of(key) -> str | None:
+    """``"ed25519"`` or ``"ecdsa-p256-sha256"`` for a private or public key of those kinds, else None."""
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    if isinstance(key, (ed25519.Ed25519PrivateKey, ed25519.Ed25519PublicKey)):
+        return ED25519
+    if isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)) and key.curve.name == "secp256r1":
+        return ECDSA_P256
+    return None
+
+
+def _load_key(path: Path, flag: str, what: str, accepted: str, parse):
     """Read ``path`` bounded, parse it with ``parse(raw)``; BadInput naming ``flag`` and what is accepted."""
     from cryptography.exceptions import UnsupportedAlgorithm
 
@@ -66,13 +85,15 @@ def _load_key(path: Path, flag: str, what: str, accepted: str, expected_type, pa
         key = parse(raw)
     except (ValueError, TypeError, UnicodeDecodeError, UnsupportedAlgorithm) as exc:
         raise BadInput(f"{flag} {path}: not an {what} ({accepted}): {exc}") from None
-    if not isinstance(key, expected_type):
-        raise BadInput(f"{flag} {path}: is a {type(key).__name__}, expected an ed25519 key")
+    if algorithm_of(key) is None:
+        curve = getattr(getattr(key, "curve", None), "name", None)
+        kind = f"{type(key).__name__}{f' on {curve}' if curve else ''}"
+        raise BadInput(f"{flag} {path}: is a {kind}, expected an ed25519 or ECDSA P-256 key (kit keys new makes one)")
     return key
 
 
-def load_private_key(path: Path):
-    """An ed25519 private key: PEM (PKCS#8, unencrypted) or the raw 32 bytes."""
+def load_private_key(path: Path, flag: str = "--sign-key"):
+    """An ed25519 or ECDSA P-256 private key: PEM (PKCS#8, unencrypted), or the raw 32 bytes of an ed25519 key."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -83,12 +104,12 @@ def load_private_key(path: Path):
             return Ed25519PrivateKey.from_private_bytes(raw)
         raise ValueError("neither PEM nor 32 raw bytes")
 
-    return _load_key(path, "--sign-key", "unencrypted ed25519 private key", "PEM PKCS#8 or 32 raw bytes",
-                     Ed25519PrivateKey, parse)
+    return _load_key(path, flag, "unencrypted private key", ACCEPTED_PRIVATE, parse)
 
 
-def load_public_key(path: Path):
-    """An ed25519 public key: PEM (SubjectPublicKeyInfo), 32 raw bytes, or 64 hex / base64 text."""
+def load_public_key(path: Path, flag: str = "--key"):
+    """An ed25519 or ECDSA P-256 public key: PEM (SubjectPublicKeyInfo); an ed25519 key also as 32 raw bytes,
+    or 64 hex / base64 text."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -101,26 +122,80 @@ def load_public_key(path: Path):
         return Ed25519PublicKey.from_public_bytes(bytes.fromhex(text) if len(text) == 64
                                                   else base64.b64decode(text, validate=True))
 
-    return _load_key(path, "--key", "ed25519 public key", "PEM, 32 raw bytes, hex or base64", Ed25519PublicKey, parse)
+    return _load_key(path, flag, "public key", ACCEPTED_PUBLIC, parse)
 
 
 def public_raw(key) -> bytes:
+    """The public key's bytes as a signature names them: the raw 32 bytes of an ed25519 key, the DER
+    SubjectPublicKeyInfo of an ECDSA key (``key`` may be the private or the public key)."""
     from cryptography.hazmat.primitives import serialization
-    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    public = key.public_key() if hasattr(key, "public_key") else key
+    if algorithm_of(public) == ED25519:
+        return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def public_pem(key) -> bytes:
+    """PEM SubjectPublicKeyInfo of a private or public key (what ``kit keys new`` writes to ``.pub``)."""
+    from cryptography.hazmat.primitives import serialization
+
+    public = key.public_key() if hasattr(key, "public_key") else key
+    return public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def public_key_from_bytes(algorithm: str, raw: bytes):
+    """The public key a signature embeds (:func:`public_raw`'s form); ValueError when it is not one."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    if algorithm == ED25519:
+        return Ed25519PublicKey.from_public_bytes(raw)
+    if algorithm == ECDSA_P256:
+        key = serialization.load_der_public_key(raw)
+        if algorithm_of(key) != ECDSA_P256:
+            raise ValueError("not an ECDSA P-256 public key")
+        return key
+    raise ValueError(f"algorithm {algorithm!r} is not one of {', '.join(KEY_TYPES)}")
+
+
+def sign_bytes(private_key, data: bytes) -> bytes:
+    """ed25519 (64 bytes) or ECDSA P-256 over SHA-256 (DER), as DSSE and the standard verifiers expect."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    if algorithm_of(private_key) == ECDSA_P256:
+        return private_key.sign(data, ec.ECDSA(hashes.SHA256()))
+    return private_key.sign(data)
+
+
+def verify_bytes(public_key, signature: bytes, data: bytes) -> bool:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    try:
+        if algorithm_of(public_key) == ECDSA_P256:
+            public_key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+        else:
+            public_key.verify(signature, data)
+    except InvalidSignature:
+        return False
+    return True
 
 
 def sign_seal(seal: dict, private_key, payload_type: str = PAYLOAD_TYPE) -> dict:
-    """The ``signature`` field of a v2 seal: ed25519 over the DSSE PAE of the seal's canonical JSON.
-    (``payload_type``: build provenance is signed the same way as an in-toto statement.)"""
-    raw = public_raw(private_key.public_key())
-    return {"algorithm": "ed25519", "scheme": "dsse-v1", "payload_type": payload_type, "keyid": key_id(raw),
-            "public_key": base64.b64encode(raw).decode(),
-            "value": base64.b64encode(private_key.sign(pae(payload_type, seal_payload(seal)))).decode()}
+    """The ``signature`` field of a v2+ seal: ed25519 or ECDSA P-256 over the DSSE PAE of the seal's
+    canonical JSON. (``payload_type``: build provenance is signed the same way as an in-toto statement.)"""
+    raw = public_raw(private_key)
+    return {"algorithm": algorithm_of(private_key), "scheme": "dsse-v1", "payload_type": payload_type,
+            "keyid": key_id(raw), "public_key": base64.b64encode(raw).decode(),
+            "value": base64.b64encode(sign_bytes(private_key, pae(payload_type, seal_payload(seal)))).decode()}
 
 
 def sign_document(doc: dict, private_key) -> dict:
     """A v1 seal's signature: ed25519 over the canonical JSON of the document without ``signature``."""
-    return {"algorithm": "ed25519", "public_key": base64.b64encode(public_raw(private_key.public_key())).decode(),
+    return {"algorithm": "ed25519", "public_key": base64.b64encode(public_raw(private_key)).decode(),
             "value": base64.b64encode(private_key.sign(seal_payload(doc))).decode(),
             "signed_bytes": "canonical JSON of this document without the 'signature' field"}
 
@@ -135,25 +210,21 @@ def seal_trust(seal: dict, public_key=None) -> tuple[str, str, list[str]]:
 
     A bad signature is a problem whatever the level; ``public_key`` (from --key) makes any other
     signer a problem too."""
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
     sig = seal.get("signature")
     if not sig:
         problems = ["the seal is not signed; --key needs a seal signed with that key"] if public_key is not None else []
         return UNSIGNED, TRUST_WORDS[UNSIGNED], problems
     try:
+        algorithm = sig.get("algorithm", ED25519)
         embedded = base64.b64decode(sig["public_key"], validate=True)
         value = base64.b64decode(sig["value"], validate=True)
-        key = Ed25519PublicKey.from_public_bytes(embedded)
+        key = public_key_from_bytes(algorithm, embedded)
     except (ValueError, KeyError, TypeError) as exc:
         return UNSIGNED, TRUST_WORDS[UNSIGNED], [f"signature is malformed: {exc}"]
-    words = f"signed by ed25519 key {key_id(embedded)[:16]}"
+    words = f"signed by {'ed25519' if algorithm == ED25519 else 'ECDSA P-256'} key {key_id(embedded)[:16]}"
     if sig.get("keyid") not in (None, key_id(embedded)):
         return UNSIGNED, TRUST_WORDS[UNSIGNED], ["signature keyid does not name its public_key"]
-    try:
-        key.verify(value, _signed_bytes(seal))
-    except InvalidSignature:
+    if not verify_bytes(key, value, _signed_bytes(seal)):
         return UNSIGNED, TRUST_WORDS[UNSIGNED], ["signature does not match the seal's content: the seal was edited"]
     if public_key is not None and public_raw(public_key) != embedded:
         return SIGNED, words, [f"signed by key {key_id(embedded)[:16]}, not by the --key {key_id(public_raw(public_key))[:16]}"]
@@ -175,3 +246,53 @@ def dsse_envelope(seal: dict) -> dict:
     return {"payloadType": sig.get("payload_type", PAYLOAD_TYPE),
             "payload": base64.b64encode(seal_payload(seal)).decode(),
             "signatures": [{"keyid": sig.get("keyid", ""), "sig": sig["value"]}]}
+
+
+KEY_TYPE_CHOICES = {"ecdsa-p256": ECDSA_P256, "ed25519": ED25519}
+
+
+def generate_private_key(kind: str):
+    """A new private key: ``"ecdsa-p256"`` (every standard verifier takes it) or ``"ed25519"``."""
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    if KEY_TYPE_CHOICES.get(kind) == ECDSA_P256:
+        return ec.generate_private_key(ec.SECP256R1())
+    if KEY_TYPE_CHOICES.get(kind) == ED25519:
+        return ed25519.Ed25519PrivateKey.generate()
+    raise BadInput(f"--type {kind!r}: use one of {', '.join(KEY_TYPE_CHOICES)}")
+
+
+def write_key_pair(base: Path, kind: str, *, force: bool = False) -> tuple[Path, Path, str]:
+    """Write ``<base>.pem`` (PKCS#8 PEM, unencrypted, mode 0600) and ``<base>.pub`` (PEM SubjectPublicKeyInfo);
+    ``(private path, public path, key id)``. Existing files are kept unless ``force``: a key may sign evidence."""
+    import os
+
+    from cryptography.hazmat.primitives import serialization
+
+    base = Path(base)
+    if base.suffix in (".pem", ".pub", ".key"):
+        base = base.with_suffix("")
+    private, public = base.with_name(base.name + ".pem"), base.with_name(base.name + ".pub")
+    if not base.name or base.name in (".", ".."):
+        raise BadInput(f"NAME {str(base)!r}: give a file name without suffix, such as keys/seal")
+    for path in (private, public):
+        if path.is_dir():
+            raise BadInput(f"NAME {base}: {path} is a directory; give another NAME")
+        if (path.exists() or path.is_symlink()) and not force:
+            raise BadInput(f"NAME {base}: {path} exists; give another NAME, or --force to replace the pair")
+    key = generate_private_key(kind)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    try:
+        private.parent.mkdir(parents=True, exist_ok=True)
+        for path in (private, public):
+            if force:
+                path.unlink(missing_ok=True)
+        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pem)
+        with open(public, "xb") as fh:
+            fh.write(public_pem(key))
+    except OSError as exc:
+        raise BadInput(f"NAME {base}: cannot write {exc.filename or base} ({exc.strerror or exc}); give a writable "
+                       "place") from None
+    return private, public, key_id(public_raw(key))
