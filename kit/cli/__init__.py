@@ -5,7 +5,9 @@ The table below gives its one-line purpose, so ``kit --help`` never imports a co
 and never torch, ray or docker. Errors derived from KitError become one line on stderr and
 their exit code (1 check failed, 2 bad input). A file-system error that escapes a command becomes
 one line naming the path: exit 2 when the path cannot be used as given (missing, not permitted,
-read-only, of the wrong kind), 1 otherwise (a full disk, an I/O error). Any other exception is a bug:
+read-only, of the wrong kind), 1 otherwise (a full disk, an I/O error). A third-party package of an
+extra this install lacks (``pip install rlk-kit`` holds only what kit verify, compare and plan need)
+is one line naming the extra, exit 2. Any other exception is a bug:
 one line starting ``kit: internal error`` names the crash report written (kit/cli/_crash.py), exit 1.
 """
 
@@ -41,6 +43,38 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# The extras of pyproject.toml: which one brings a module a command imports on first use.
+EXTRA_OF_MODULE = {"torch": "run", "ray": "run", "docker": "run", "pyarrow": "run", "uv": "run", "numpy": "run",
+                   "triton": "run", "matplotlib": "analysis", "mlflow": "export", "kubernetes_validate": "cluster"}
+EXTRA_OF_COMMAND = {"analyze": "analysis", "export": "export"}
+# Commands whose every use needs these: checked before they start (their worker processes would
+# otherwise each fail on the import), unless only --help is asked for.
+COMMAND_NEEDS = {"analyze": ("numpy", "matplotlib"), "export": ("mlflow",)}
+
+
+def missing_for(command: str | None, argv: list[str]) -> str | None:
+    """The one line for a command run without its extra installed, None when all it needs is there."""
+    if command not in COMMAND_NEEDS or any(a in ("--help", "-h") for a in argv):
+        return None
+    import importlib.util
+
+    for module in COMMAND_NEEDS[command]:
+        if importlib.util.find_spec(module) is None:
+            return missing_extra_message(ModuleNotFoundError(name=module), command)
+    return None
+
+
+def missing_extra_message(exc: ModuleNotFoundError, command: str | None) -> str | None:
+    """``kit analyze needs numpy, which this install lacks: pip install 'rlk-kit[analysis]'``; None for a
+    module no extra brings (a bug, not an install choice)."""
+    top = (exc.name or "").split(".")[0]
+    if top not in EXTRA_OF_MODULE:
+        return None
+    extra = EXTRA_OF_COMMAND.get(command or "", EXTRA_OF_MODULE[top])
+    return (f"kit {command or ''} needs {top}, which this install lacks: pip install 'rlk-kit[{extra}]' "
+            "(or 'rlk-kit[all]'); the base install holds kit verify, kit compare and kit plan").replace("kit  ", "kit ")
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return list(COMMANDS)
@@ -60,6 +94,10 @@ class LazyGroup(click.Group):
         # The command line as parsed (CliRunner's and main(args=...) are not sys.argv), for a crash report.
         protected = getattr(ctx, "_protected_args", None)
         argv = [*(ctx.protected_args if protected is None else protected), *ctx.args]
+        missing = missing_for(argv[0] if argv else None, argv)
+        if missing:
+            click.echo(missing, err=True)
+            ctx.exit(2)
         try:
             return super().invoke(ctx)
         except KitError as exc:
@@ -74,6 +112,12 @@ class LazyGroup(click.Group):
             ctx.exit(2 if exc.errno in _UNUSABLE_PATH_ERRNOS else 1)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise            # click's own: usage errors (2), ctx.exit, Ctrl-C at a prompt
+        except ModuleNotFoundError as exc:
+            message = missing_extra_message(exc, argv[0] if argv else None)
+            if message is None:
+                _last_resort(ctx, exc, argv)
+            click.echo(message, err=True)
+            ctx.exit(2)
         except Exception as exc:
             _last_resort(ctx, exc, argv)
 
