@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from pathlib import Path
 
 import click
 
-from kit.cli._output import emit_json
-from kit.cli.run import workspace_from
-import time
-from kit.cli.plan import select_arm
-from kit.cluster import kuberay, local, slurm
 from kit.adapters.ray import check_address
-from kit.model.errors import BadInput, CheckFailed
+from kit.cli._output import emit_json
+from kit.cli.plan import select_arm
+from kit.cli.run import workspace_from
+from kit.cluster import kuberay, local, slurm
 from kit.cluster.local import alive_nodes
+from kit.model.engine_traits import traits
+from kit.model.errors import BadInput, CheckFailed
+from kit.run.inputs import vime_input_files
+from kit.run.request import RunRequest
 
 CTX = {"help_option_names": ["-h", "--help"]}
 
@@ -142,6 +145,14 @@ def wait_command(address, nodes, timeout_s, as_json):
     _log(as_json)(f"{alive} nodes alive at {address}")
 
 
+def run_inputs(arm, ws: Path, **given) -> dict:
+    """The inputs a cluster's nodes mount: for an arm that reads input files, the ones ``kit run`` would
+    pick (flags, else what kit prepare left in the workspace), each checked to exist; else those given."""
+    if not traits(arm.engine).uses_input_files:
+        return {name: path for name, path in given.items() if path is not None}
+    return vime_input_files(RunRequest(arm=arm, workspace=ws, runtime="ray", **given))
+
+
 MAX_WAIT_S = 86400.0
 
 
@@ -169,26 +180,41 @@ def check_wait(address: str, nodes: int, timeout_s: float) -> None:
 @click.option("--head-ip", help="Address of the head node the others reach (default: its first address, hostname -I).")
 @click.option("--allow-dirty", is_flag=True, help="Pass --allow-dirty to kit run (a kit checkout with uncommitted changes).")
 @click.option("--kit-command", default=None, help="How the batch host calls the kit (default: this Python's -m kit).")
-@click.option("--workspace", type=click.Path(path_type=Path, file_okay=False), help="Workspace root (shared by the nodes).")
+@click.option("--workspace", type=click.Path(path_type=Path, file_okay=False),
+              help="Workspace root, shared by the nodes: mounted at /workspace, the sealed run is left there.")
+@click.option("--model", type=click.Path(path_type=Path), help="Model dir, mounted at /inputs/model (default as kit run's).")
+@click.option("--checkpoint", type=click.Path(path_type=Path), help="torch_dist checkpoint, mounted at /inputs/torch_dist (default as kit run's).")
+@click.option("--prompt-data", type=click.Path(path_type=Path), help="Prompt JSONL, mounted under /inputs/data (default as kit run's).")
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), help="Write the script here (default <workspace>/slurm/<arm>.sbatch).")
 @click.option("--submit", is_flag=True, help="sbatch the script and wait for the job; exit as kit run inside did.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rlk-kit/slurm-job/v1 document.")
 def slurm_command(arm_ref, nodes, image, container_runtime, gpus_per_node, partition, time_limit, port_base, run_id,
-                  rollouts, head_ip, allow_dirty, kit_command, workspace, out, submit, as_json):
+                  rollouts, head_ip, allow_dirty, kit_command, workspace, model, checkpoint, prompt_data, out, submit,
+                  as_json):
     """Render an sbatch script (head on the first node, workers via srun, the image by digest) and submit it.
 
     \b
     Examples:
       kit cluster slurm --arm smoke --nodes 1 --submit
+      # exit 2 until G11's inputs exist: --model, --checkpoint, --prompt-data or what kit prepare made
       kit cluster slurm --arm G11 --nodes 4 --container-runtime pyxis --image reg/rlk@sha256:0000000000000000000000000000000000000000000000000000000000000000 --partition gpu --out g11.sbatch
     """
 
     arm = select_arm(arm_ref, None)
     ws = workspace_from(workspace).resolve()
+    try:
+        inputs = run_inputs(arm, ws, model=model, checkpoint=checkpoint, prompt_data=prompt_data)
+    except BadInput as missing:   # say the image too, when it is missing as well: a site fixes both in one go
+        try:
+            slurm.resolve_image(arm, image, container_runtime)
+        except BadInput as no_image:
+            raise BadInput(f"{no_image}\n{missing}") from None
+        raise
     doc = slurm.prepare(arm, nodes=nodes, image=image, container_runtime=container_runtime, gpus_per_node=gpus_per_node,
                         partition=partition, time_limit=time_limit, port_base=port_base, run_id=run_id,
                         rollouts=rollouts, kit_command=kit_command or f"{sys.executable} -m kit", workspace=ws, out=out,
-                        head_ip=head_ip, allow_dirty=allow_dirty)
+                        head_ip=head_ip, allow_dirty=allow_dirty,
+                        inputs=inputs)
     log = _log(as_json)
     log(f"wrote {doc['script_path']}")
     if submit:
@@ -210,20 +236,28 @@ def slurm_command(arm_ref, nodes, image, container_runtime, gpus_per_node, parti
 @click.option("--workers", type=int, default=1, show_default=True, help="Worker pods.")
 @click.option("--gpus-per-pod", type=int, help="GPUs per pod (default: the arm's topology).")
 @click.option("--namespace", default="default", show_default=True)
+@click.option("--workspace-volume", type=click.Choice(kuberay.WORKSPACE_VOLUMES), default="pvc", show_default=True,
+              help="/workspace, where the run seals its evidence: a PersistentVolumeClaim, or an emptyDir that dies with the pods.")
+@click.option("--workspace-claim", default=kuberay.DEFAULT_WORKSPACE_CLAIM, show_default=True,
+              help="The workspace's claim (ReadWriteMany: every pod mounts it).")
+@click.option("--inputs-claim", metavar="CLAIM", help="A claim holding model/, torch_dist/, data/, mounted read-only at /inputs.")
+@click.option("--inputs-host-path", metavar="DIR", help="The same from a directory every node has (hostPath).")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Write raycluster.json, rayjob.json and kuberay.json here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rlk-kit/kuberay/v1 envelope.")
-def kuberay_command(arm_ref, image, platform, workers, gpus_per_pod, namespace, out, as_json):
+def kuberay_command(arm_ref, image, platform, workers, gpus_per_pod, namespace, workspace_volume, workspace_claim,
+                    inputs_claim, inputs_host_path, out, as_json):
     """Render a RayCluster and a RayJob (ray.io/v1) of the arm's image, validated before they are written.
 
     \b
     Examples:
-      kit cluster kuberay --arm G11 --image reg/rlk@sha256:0000000000000000000000000000000000000000000000000000000000000000 --workers 1 --out k8s/
+      kit cluster kuberay --arm G11 --image reg/rlk@sha256:0000000000000000000000000000000000000000000000000000000000000000 --workers 1 --inputs-claim rlk-inputs --out k8s/
       kubectl apply -f k8s/rayjob.json
     """
 
     arm = select_arm(arm_ref, None)
     doc = kuberay.render(arm, image=image, platform=platform or arm.platform, workers=workers,
-                         gpus_per_pod=gpus_per_pod, namespace=namespace)
+                         gpus_per_pod=gpus_per_pod, namespace=namespace, workspace_volume=workspace_volume,
+                         workspace_claim=workspace_claim, inputs_claim=inputs_claim, inputs_host_path=inputs_host_path)
     kuberay.validate(doc)
     if out is not None:
         for path in kuberay.write(doc, out):

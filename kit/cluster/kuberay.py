@@ -21,15 +21,19 @@ from pathlib import Path
 
 from kit.build import layout as L
 from kit.model import node_identity as NI
-from kit.model.accelerators import accelerator, k8s_container_fields, SHM_SIZE
+from kit.model.accelerators import accelerator, k8s_container_fields, node_sizes
 from kit.model.documents import dumps_pretty, require_valid
 from kit.model.errors import BadInput, CheckFailed
+from kit.model.engine_traits import traits
 from kit.model.stack import packages_for
 
 API_VERSION = "ray.io/v1"
 KUBERNETES_VERSION = "1.33"          # the schemas the pod templates are checked against
 DIGEST_REF = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
 LABEL = "rlk-kit.dev"
+DEFAULT_WORKSPACE_CLAIM = "rlk-workspace"   # a ReadWriteMany claim the site creates once; the sealed runs live there
+WORKSPACE_VOLUMES = ("pvc", "emptydir")
+INPUTS_DIR = "/inputs"                      # model/, torch_dist/, data/ as kit/build/layout.py names them
 
 
 def _dns(name: str) -> str:
@@ -37,15 +41,17 @@ def _dns(name: str) -> str:
 
 
 def pod_template(*, group: str, arm, image: str, platform: str, gpus: int, identity: dict, head: bool,
-                 workspace_claim: str | None) -> dict:
-    """One group's pod template: the image by digest, identity, shm, devices."""
+                 workspace_claim: str | None, shm_bytes: int = 2**30, inputs: dict | None = None) -> dict:
+    """One group's pod template: the image by digest, identity, shm, devices, the workspace (a claim;
+    an emptyDir only when ``workspace_claim`` is None) and the inputs read-only at /inputs."""
     acc = accelerator(platform)
     container = {
         "name": "ray-head" if head else "ray-worker", "image": image, "imagePullPolicy": "IfNotPresent",
         "env": [{"name": NI.ENV, "value": json.dumps(identity, sort_keys=True)},
                 {"name": "HOME", "value": "/tmp"}, {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}],
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
-                         {"name": "workspace", "mountPath": L.WORKSPACE}],
+                         {"name": "workspace", "mountPath": L.WORKSPACE}]
+                        + ([{"name": "inputs", "mountPath": INPUTS_DIR, "readOnly": True}] if inputs else []),
         **k8s_container_fields(platform, gpus),
     }
     if acc.security_opt:   # ROCm: the default seccomp profile blocks HSA's and the debugger's calls
@@ -60,13 +66,18 @@ def pod_template(*, group: str, arm, image: str, platform: str, gpus: int, ident
                    f"{LABEL}/platform": platform}
     return {"metadata": {"labels": labels, "annotations": annotations},
             "spec": {"containers": [container],
-                     "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE.upper() + "i"}},
-                                 {"name": "workspace", **workspace}]}}
+                     "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(shm_bytes)}},
+                                 {"name": "workspace", **workspace}]
+                     + ([{"name": "inputs", **inputs}] if inputs else [])}}
 
 
 def render(arm, *, image: str, platform: str, workers: int = 1, gpus_per_pod: int | None = None,
-           namespace: str = "default", workspace_claim: str | None = None, rollouts: int | None = None) -> dict:
-    """The rlk-kit/kuberay/v1 envelope with its RayCluster and RayJob (pure)."""
+           namespace: str = "default", workspace_volume: str = "pvc", workspace_claim: str = DEFAULT_WORKSPACE_CLAIM,
+           inputs_claim: str | None = None, inputs_host_path: str | None = None, rollouts: int | None = None) -> dict:
+    """The rlk-kit/kuberay/v1 envelope with its RayCluster and RayJob (pure). The run writes into
+    ``/workspace``: the claim ``workspace_claim`` unless ``workspace_volume`` is ``emptydir`` (then the
+    sealed run dies with the pods); the inputs (a claim or a node's host path) are mounted read-only at
+    /inputs; GPUs, /dev/shm and the object store come from :func:`kit.model.accelerators.node_sizes`."""
     if not DIGEST_REF.match(image or ""):
         raise BadInput(f"--image {image}: give REPOSITORY@sha256:<64 hex> (every pod must pull the same bytes)")
     if platform not in arm.stack.document.get("platforms", {}):
@@ -74,8 +85,22 @@ def render(arm, *, image: str, platform: str, workers: int = 1, gpus_per_pod: in
     if workers < 0:
         raise BadInput(f"--workers {workers}: give 0 or more")
 
-    gpus = 0 if platform == "cpu" else (arm.document.get("topology", {}).get("gpus", 0) if gpus_per_pod is None
-                                         else gpus_per_pod)
+    if workspace_volume not in WORKSPACE_VOLUMES:
+        raise BadInput(f"--workspace-volume {workspace_volume}: accepted {', '.join(WORKSPACE_VOLUMES)}")
+    for flag, value in (("--workspace-claim", workspace_claim), ("--inputs-claim", inputs_claim)):
+        if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", value):
+            raise BadInput(f"{flag} {value!r}: give a claim name (lower-case letters, digits, '-', '.')")
+    if inputs_claim and inputs_host_path:
+        raise BadInput("--inputs-claim and --inputs-host-path: give one of them")
+    if inputs_host_path is not None and not inputs_host_path.startswith("/"):
+        raise BadInput(f"--inputs-host-path {inputs_host_path!r}: give an absolute path on every node")
+    if gpus_per_pod is not None and gpus_per_pod < 0:
+        raise BadInput(f"--gpus-per-pod {gpus_per_pod}: give 0 or more")
+    sizes = node_sizes(platform, arm.document.get("topology", {}).get("gpus", 0))
+    gpus = 0 if platform == "cpu" else (sizes.gpus_per_node if gpus_per_pod is None else gpus_per_pod)
+    claim = workspace_claim if workspace_volume == "pvc" else None
+    inputs = ({"persistentVolumeClaim": {"claimName": inputs_claim, "readOnly": True}} if inputs_claim else
+              {"hostPath": {"path": inputs_host_path, "type": "Directory"}} if inputs_host_path else None)
     name = f"rlk-{_dns(arm.name)}-{platform}"
     groups = {}
     for group, head in (("head", True), ("workers", False)):
@@ -83,11 +108,13 @@ def render(arm, *, image: str, platform: str, workers: int = 1, gpus_per_pod: in
                                  labels={f"{L.LABEL_PREFIX}.stack.name": arm.stack.name,
                                          f"{L.LABEL_PREFIX}.stack.sha256": arm.stack.sha256},
                                  host=None, runtime="kuberay")
-        params = {"labels": NI.labels_flag(ident), "disable-usage-stats": "true"}
+        params = {"labels": NI.labels_flag(ident), "disable-usage-stats": "true",
+                  "object-store-memory": str(sizes.object_store_bytes)}
         if head:
             params["dashboard-host"] = "0.0.0.0"
         groups[group] = (params, pod_template(group=group, arm=arm, image=image, platform=platform, gpus=gpus,
-                                              identity=ident, head=head, workspace_claim=workspace_claim))
+                                              identity=ident, head=head, workspace_claim=claim,
+                                              shm_bytes=sizes.shm_bytes, inputs=inputs))
     cluster_spec = {
         "rayVersion": packages_for(arm.stack.document, platform).get("ray", ""),
         "enableInTreeAutoscaling": False,
@@ -103,6 +130,9 @@ def render(arm, *, image: str, platform: str, workers: int = 1, gpus_per_pod: in
              "http://127.0.0.1:8265", "--workspace", L.WORKSPACE, "--run-id", f"{name}-$(date -u +%Y%m%dT%H%M%SZ)"]
     if rollouts is not None:
         entry += ["--rollouts", str(int(rollouts))]
+    if inputs and traits(arm.engine).uses_input_files:   # kit run hashes what the image reads
+        entry += ["--model", L.MODEL_DIR, "--checkpoint", L.CHECKPOINT_DIR,
+                  "--prompt-data", f"{L.DATA_DIR}/dapo-math-17k.jsonl"]
     return {
         "schema": "rlk-kit/kuberay/v1", "arm": arm.name, "platform": platform, "image": image,
         "stack": {"name": arm.stack.name, "sha256": arm.stack.sha256}, "kubernetes_version": KUBERNETES_VERSION,

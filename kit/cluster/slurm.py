@@ -24,7 +24,8 @@ from typing import Callable
 
 from kit.build import layout as L
 from kit.model import node_identity as NI
-from kit.model.accelerators import accelerator, docker_run_flags
+from kit.cluster.mounts import INPUT_TARGETS, node_mounts
+from kit.model.accelerators import accelerator, docker_run_flags, node_sizes
 from kit.model.errors import BadInput, CheckFailed
 from kit.adapters.docker import engine
 from kit.build.lookup import image_for_arm
@@ -48,33 +49,49 @@ def ports(port_base: int | None) -> dict[str, int] | None:
     return {flag: port_base + i for i, flag in enumerate(PORT_FLAGS)}
 
 
-def node_command(container_runtime: str, platform: str, image: str, gpus: int) -> str:
-    """The shell text that starts ``$RAY_ARGS`` (an array) in the image on this node, in the foreground."""
+def node_command(container_runtime: str, platform: str, image: str, gpus: int,
+                 mounts: list[tuple[str, str, str]] = (), shm_bytes: int | None = None) -> str:
+    """The shell text that starts ``$RAY_ARGS`` (an array) in the image on this node, in the foreground,
+    with ``mounts`` ((host, container, ro|rw), kit/cluster/mounts.py) in each runtime's own syntax."""
     acc = accelerator(platform)
+    q = shlex.quote
     env = f'-e HOME=/tmp -e RAY_USAGE_STATS_ENABLED=0 -e {NI.ENV}="$ident"'
     if acc.visible_devices_env:   # Slurm narrows the devices of the step; the container sees the same
         env += f" -e {acc.visible_devices_env}"
     if container_runtime == "docker":
-        flags = " ".join(docker_run_flags(platform))
+        flags = [f for f in docker_run_flags(platform) if not (shm_bytes and f.startswith("--shm-size="))]
+        if shm_bytes and not acc.ipc_host:   # with --ipc=host the node's own /dev/shm is used
+            flags.append(f"--shm-size={shm_bytes}")
+        flags += [f"-v {q(f'{host}:{target}:{mode}')}" for host, target, mode in mounts]
+        flags = " ".join(flags)
         return (f'docker run --rm --name "$name" --network host {flags} {env} --label {JOB_LABEL}="$SLURM_JOB_ID" '
                 f'--entrypoint {L.RAY} "$IMAGE" "${{RAY_ARGS[@]}}"')
     if container_runtime == "apptainer":
         flag = f"{acc.apptainer_flag} " if acc.apptainer_flag else ""
         return (f'APPTAINERENV_{NI.ENV}="$ident" APPTAINERENV_HOME=/tmp APPTAINERENV_RAY_USAGE_STATS_ENABLED=0 '
-                f'apptainer exec {flag}--containall --bind /tmp docker://"$IMAGE" {L.RAY} "${{RAY_ARGS[@]}}"')
+                f'apptainer exec {flag}--containall --bind {q(",".join(["/tmp"] + [":".join(m) for m in mounts]))} '
+                f'docker://"$IMAGE" {L.RAY} "${{RAY_ARGS[@]}}"')
     if container_runtime == "pyxis":
         return (f'{NI.ENV}="$ident" HOME=/tmp RAY_USAGE_STATS_ENABLED=0 srun --overlap --nodes=1 --ntasks=1 '
                 f'-w "$(hostname -s)" --container-image="$IMAGE" --container-env={NI.ENV},HOME,RAY_USAGE_STATS_ENABLED '
-                f'{L.RAY} "${{RAY_ARGS[@]}}"')
+                + (f'--container-mounts={q(",".join(":".join(m) for m in mounts))} ' if mounts else '')
+                + f'{L.RAY} "${{RAY_ARGS[@]}}"')
     raise BadInput(f"--container-runtime {container_runtime}: accepted {', '.join(RUNTIMES)}")
 
 
 def render_script(*, arm: str, stack_name: str, stack_sha256: str, nodes: int, image: str, container_runtime: str,
                   platform: str, gpus_per_node: int, partition: str | None, time_limit: str,
                   head_ports: dict[str, int] | None, head_ip: str | None, run_id: str | None, rollouts: int | None,
-                  kit_command: str, workspace: str, script_path: str, allow_dirty: bool = False) -> str:
-    """The sbatch script's text (pure; golden-file tested)."""
+                  kit_command: str, workspace: str, script_path: str, allow_dirty: bool = False,
+                  inputs: dict[str, str] | None = None, object_store_bytes: int | None = None,
+                  shm_bytes: int | None = None) -> str:
+    """The sbatch script's text (pure; golden-file tested). ``inputs``: the run's input name -> host path,
+    mounted read-only where the image reads them and named to kit run; the workspace is mounted at
+    /workspace on every node."""
     q = shlex.quote
+    inputs = {k: v for k, v in (inputs or {}).items() if v is not None}
+    mounts = node_mounts(inputs, Path(workspace))
+    store = f" --object-store-memory={object_store_bytes}" if object_store_bytes else ""
     directives = [f"--job-name=rlk-{arm}", f"--nodes={nodes}", "--ntasks-per-node=1", f"--time={time_limit}",
                   f"--output={workspace}/slurm/%x-%j.out"]
     if partition:
@@ -93,6 +110,12 @@ def render_script(*, arm: str, stack_name: str, stack_sha256: str, nodes: int, i
         kit_run.append(f"--rollouts {int(rollouts)}")
     if allow_dirty:
         kit_run.append("--allow-dirty")
+    kit_run += [f"{INPUT_TARGETS[name][0]} {q(str(path))}" for name, path in sorted(inputs.items())]
+    # the job's output says what each node's container mounted (docker: its own record of the mounts)
+    # (a failed inspect, before the container exists, prints an empty line: only a found container's is said)
+    mount_log = ("    (for _ in $(seq 120); do m=\"$(docker inspect --format '{{range .Mounts}}{{.Source}}:{{.Destination}}:"
+                 "{{if .RW}}rw{{else}}ro{{end}} {{end}}' \"$name\" 2>/dev/null)\" && { echo \"rlk: mounts $name: $m\" >&2; "
+                 "break; }; sleep 1; done) &\n") if container_runtime == "docker" else ""
     acc = accelerator(platform)
     visible = f'export {acc.visible_devices_env}="${{{acc.visible_devices_env}:-}}"\n' if acc.visible_devices_env else ""
     head_ip_line = (f"HEAD_IP={q(head_ip)}" if head_ip else
@@ -126,12 +149,12 @@ start_node() {{  # $1: head | worker; runs on the node srun placed it on, in the
     local short_image="${{image_id##*:}}" labels
     labels="rlk-kit/image=${{short_image:0:32}},rlk-kit/inputs=${{inputs:0:32}},rlk-kit/node=${{name:0:63}},rlk-kit/stack=${{stack:0:32}}"
     if [ "$role" = head ]; then
-        RAY_ARGS=(start --head --block --node-ip-address="$HEAD_IP" {head_flags} --dashboard-host=0.0.0.0 --include-dashboard=true --disable-usage-stats --labels="$labels")
+        RAY_ARGS=(start --head --block --node-ip-address="$HEAD_IP" {head_flags}{store} --dashboard-host=0.0.0.0 --include-dashboard=true --disable-usage-stats --labels="$labels")
     else
-        RAY_ARGS=(start --block --address="$HEAD_IP:$GCS_PORT" {worker_flags} --disable-usage-stats --labels="$labels")
+        RAY_ARGS=(start --block --address="$HEAD_IP:$GCS_PORT" {worker_flags}{store} --disable-usage-stats --labels="$labels")
     fi
     trap "docker rm -f $name >/dev/null 2>&1 || true" EXIT   # expanded now: name is local
-    {node_command(container_runtime, platform, image, gpus_per_node)} &
+{mount_log}    {node_command(container_runtime, platform, image, gpus_per_node, mounts, shm_bytes)} &
     wait $!
 }}
 
@@ -184,15 +207,22 @@ def resolve_image(arm, image: str | None, container_runtime: str) -> str:
 def prepare(arm, *, nodes: int, image: str | None, container_runtime: str, gpus_per_node: int | None,
             partition: str | None, time_limit: str, port_base: int | None, run_id: str | None, rollouts: int | None,
             kit_command: str, workspace: Path, out: Path | None, head_ip: str | None = None,
-            allow_dirty: bool = False) -> dict:
+            allow_dirty: bool = False, inputs: dict[str, Path] | None = None) -> dict:
     """Render the script for ``arm`` and write it (never over an existing file); the slurm-job/v1 document."""
     if nodes < 1:
         raise BadInput(f"--nodes {nodes}: give 1 or more")
     if run_id is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", run_id):
         raise BadInput(f"--run-id {run_id!r}: accepted letters, digits, '.', '_', '-' (not first)")
-    gpus = arm.document.get("topology", {}).get("gpus_per_node", 0) if gpus_per_node is None else gpus_per_node
+    sizes = node_sizes(arm.platform, arm.document.get("topology", {}).get("gpus", 0))
+    if gpus_per_node is not None and gpus_per_node < 0:
+        raise BadInput(f"--gpus-per-node {gpus_per_node}: give 0 or more")
+    gpus = sizes.gpus_per_node if gpus_per_node is None else gpus_per_node
     if arm.platform == "cpu":
         gpus = 0
+    inputs = {name: Path(path).resolve() for name, path in (inputs or {}).items() if path is not None}
+    for name, path in inputs.items():
+        if not path.exists():
+            raise BadInput(f"{path}: not found; give {INPUT_TARGETS[name][0]} a path every node sees")
     digest = resolve_image(arm, image, container_runtime)
     path = (out or Path(workspace) / "slurm" / f"{arm.name}-{hashlib.sha256(os.urandom(8)).hexdigest()[:8]}.sbatch")
     path = path.resolve()
@@ -200,7 +230,9 @@ def prepare(arm, *, nodes: int, image: str | None, container_runtime: str, gpus_
                          image=digest, container_runtime=container_runtime, platform=arm.platform, gpus_per_node=gpus,
                          partition=partition, time_limit=time_limit, head_ports=ports(port_base), head_ip=head_ip,
                          run_id=run_id, rollouts=rollouts, kit_command=kit_command, workspace=str(workspace),
-                         script_path=str(path), allow_dirty=allow_dirty)
+                         script_path=str(path), allow_dirty=allow_dirty,
+                         inputs={k: str(v) for k, v in inputs.items()}, object_store_bytes=sizes.object_store_bytes,
+                         shm_bytes=sizes.shm_bytes)
     path.parent.mkdir(parents=True, exist_ok=True)
     (Path(workspace) / "slurm").mkdir(parents=True, exist_ok=True)
     with open(path, "x", encoding="utf-8") as fh:

@@ -36,7 +36,32 @@ ACCELERATORS: dict[str, Accelerator] = {
     "cpu": Accelerator("cpu", None, False, (), (), (), False, None, None, ()),
 }
 
-SHM_SIZE = "1g"   # Ray's object store and the data loaders need more than Docker's 64 MiB default
+SHM_SIZE = "1g"   # Ray's object store and the data loaders need more than Docker's 64 MiB default (node_sizes' cpu shm)
+
+
+# Ray's object store per GPU of a node: the study's head ran --object-store-memory=200000000000 on 8 GPUs.
+OBJECT_STORE_PER_GPU = 25_000_000_000
+CPU_OBJECT_STORE = 500_000_000       # the smoke arm's rollouts are kilobytes; half of the 1 GiB shm
+SHM_HEADROOM = 8 * 2**30             # NCCL/RCCL buffers and data loaders beside the object store
+
+
+@dataclass(frozen=True)
+class NodeSizes:
+    gpus_per_node: int
+    object_store_bytes: int          # ray start --object-store-memory
+    shm_bytes: int                   # /dev/shm: the object store lives there, so it is at least as large
+
+
+def node_sizes(kind: str, gpus: int) -> NodeSizes:
+    """What one node of an arm gets, from its platform and its topology's GPUs: the one sizing rule the
+    Slurm script, the KubeRay documents and the docker runtime share (an arm's GPUs are one node's).
+
+    ``node_sizes("cuda", 8)`` -> NodeSizes(8, 200000000000, 208589934592); cpu: 0 GPUs, 0.5 GB in 1 GiB."""
+    accelerator(kind)
+    if kind == "cpu" or gpus <= 0:
+        return NodeSizes(0, CPU_OBJECT_STORE, 2**30)
+    store = OBJECT_STORE_PER_GPU * gpus
+    return NodeSizes(gpus, store, store + SHM_HEADROOM)
 
 
 def accelerator(kind: str) -> Accelerator:

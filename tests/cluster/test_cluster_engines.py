@@ -102,13 +102,19 @@ def test_worker_from_another_tag_is_refused_by_name(cpu_image, other_tag, docker
 def test_without_an_image_of_the_stack_the_default_path_names_the_build_command(tmp_path):
     from kit.model.catalog import Catalog
 
-    # an arm whose stack no image on this engine carries: the one-line error, exit 2
+    # an arm whose stack no image on this engine carries: exit 2, the build command first; slurm, which
+    # also mounts the run's inputs, names every missing one in the same message (one line each)
     arm = Catalog.default().arm("G11")
     for args in (("cluster", "up", "--arm", arm.name, "--local", 2), ("cluster", "slurm", "--arm", arm.name)):
         proc = kit(*args, "--workspace", tmp_path)
         assert proc.returncode == 2, proc.stderr
-        assert f"kit build cuda --arm {arm.name}" in proc.stderr and "Traceback" not in proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert f"kit build cuda --arm {arm.name}" in lines[0] and "Traceback" not in proc.stderr
+        if args[1] == "up":
+            assert len(lines) == 1, proc.stderr
+        else:
+            assert [flag for flag in ("--model", "--checkpoint", "--prompt-data") if flag in proc.stderr] == \
+                ["--model", "--checkpoint", "--prompt-data"] and len(lines) == 4, proc.stderr
 
 
 def test_up_refuses_bad_input_without_starting_anything(tmp_path, docker_engine):
@@ -141,10 +147,14 @@ def test_slurm_submit_runs_the_smoke_arm_to_a_sealed_run(cpu_image, docker_engin
     proc = subprocess.run([str(REPO / "scripts" / "ensure-slurm.sh")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     ws = tmp_path / "ws"
+    model, data = tmp_path / "inputs" / "model", tmp_path / "inputs" / "prompts.jsonl"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}\n")
+    data.write_text('{"prompt": "1+1", "label": "2"}\n')
     # no --image: the default path finds the arm's image by its stack's labels
     proc = kit("cluster", "slurm", "--arm", "smoke", "--nodes", 1, "--head-ip",
                "127.0.0.1", "--port-base", _port_base(), "--rollouts", 2, "--allow-dirty", "--workspace", ws,
-               "--submit", "--json")
+               "--model", model, "--prompt-data", data, "--submit", "--json")
     doc = json.loads(proc.stdout) if proc.stdout.strip() else {}
     output = Path(doc["job"]["output"]).read_text() if doc.get("job") else ""
     assert proc.returncode == 0, proc.stderr[-2000:] + output[-3000:]
@@ -153,5 +163,16 @@ def test_slurm_submit_runs_the_smoke_arm_to_a_sealed_run(cpu_image, docker_engin
     assert (run_dir / "seal.json").exists() and kit("verify", run_dir).returncode == 0
     nodes = json.loads((run_dir / "manifest.json").read_text())["ray_cluster"]["nodes"]
     assert [n["node_identity"]["runtime"] for n in nodes] == ["slurm+docker"]
-    assert nodes[0]["node_identity"]["image_id"] == cpu_image.image_id
+    # the image the default path picked (the newest carrying the stack's labels: cpu_image or an equal build)
+    picked = docker_engine.images.get(doc["image"])
+    assert nodes[0]["node_identity"]["image_id"] == picked.id
+    assert picked.labels["dev.rlk-kit.stack.sha256"] == cpu_image.record["stack"]["sha256"] if "stack" in cpu_image.record \
+        else picked.labels["dev.rlk-kit.stack.sha256"] == docker_engine.images.get(cpu_image.image_id).labels["dev.rlk-kit.stack.sha256"]
     assert docker_engine.containers.list(all=True, filters={"label": f"{JOB_LABEL}={doc['job']['id']}"}) == []
+    # the node's container had the inputs read-only where the image reads them and the shared workspace
+    mounted = re.search(r"rlk: mounts rlk-slurm-\S+-head-\S+: (.*)", output)
+    assert mounted, output[-3000:]
+    assert {f"{model}:/inputs/model:ro", f"{data}:/inputs/data/dapo-math-17k.jsonl:ro",
+            f"{ws.resolve()}:/workspace:rw"} <= set(mounted.group(1).split()), mounted.group(0)
+    # the sealed run is in the shared workspace, after the job and its containers are gone
+    assert run_dir.parent == ws.resolve() / "runs"

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import re
+
 import pytest
 
 from kit.cluster import kuberay, slurm
@@ -226,3 +228,67 @@ def test_cluster_wait_and_kit_run_refuse_an_empty_or_unresolvable_address_at_onc
         assert "Traceback" not in proc.stderr
     assert elapsed < 15, elapsed       # not the run's 20 s reach nor the wait's 300 s
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_g11_on_four_pyxis_nodes_requests_8_gpus_and_mounts_model_data_checkpoint_and_workspace(tmp_path):
+    (tmp_path / "model").mkdir(), (tmp_path / "ckpt").mkdir(), (tmp_path / "data.jsonl").write_text("{}\n")
+    ws, out = tmp_path / "ws", tmp_path / "g11.sbatch"
+    proc = _kit("cluster", "slurm", "--arm", "G11", "--nodes", 4, "--container-runtime", "pyxis", "--image", DIGEST,
+                "--partition", "gpu", "--model", tmp_path / "model", "--checkpoint", tmp_path / "ckpt",
+                "--prompt-data", tmp_path / "data.jsonl", "--workspace", ws, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "#SBATCH --gpus-per-node=8\n" in text and "#SBATCH --nodes=4\n" in text
+    mounts = re.search(r"--container-mounts=(\S+) ", text).group(1).split(",")
+    assert set(mounts) == {f"{tmp_path}/model:/inputs/model:ro", f"{tmp_path}/ckpt:/inputs/torch_dist:ro",
+                           f"{tmp_path}/data.jsonl:/inputs/data/dapo-math-17k.jsonl:ro", f"{ws}:/workspace:rw"}
+    # kit run on the batch host hashes the same files and writes the sealed run into the shared workspace
+    run_line = next(line for line in text.splitlines() if re.search(r"\brun --arm G11\b", line))
+    assert f"--model {tmp_path}/model" in run_line and '--workspace "$WORKSPACE"' in run_line
+    assert f"WORKSPACE={ws}\n" in text
+    assert text.count("--object-store-memory=200000000000") == 2       # head and workers, the study's size
+    # without inputs, G11 names the flag it needs (it reads them at /inputs)
+    missing = _kit("cluster", "slurm", "--arm", "G11", "--container-runtime", "pyxis", "--image", DIGEST,
+                   "--workspace", tmp_path / "ws2")
+    assert missing.returncode == 2 and "give --model DIR" in missing.stderr
+
+
+def test_one_sizing_rule_for_every_node():
+    from kit.model.accelerators import SHM_SIZE, node_sizes
+
+    assert node_sizes("cuda", 8).object_store_bytes == 200_000_000_000 and node_sizes("cuda", 8).gpus_per_node == 8
+    assert node_sizes("rocm", 8).shm_bytes > node_sizes("rocm", 8).object_store_bytes
+    cpu = node_sizes("cpu", 8)
+    assert cpu.gpus_per_node == 0 and cpu.object_store_bytes < cpu.shm_bytes == 2**30 and SHM_SIZE == "1g"
+
+
+def test_kuberay_keeps_what_the_run_writes_on_a_claim_and_mounts_the_inputs():
+    arm = Catalog.default().arm("G11")
+    doc = kuberay.validate(kuberay.render(arm, image=DIGEST, platform="cuda", workers=2, inputs_claim="rlk-inputs"))
+    assert "--workspace /workspace" in doc["rayjob"]["spec"]["entrypoint"]     # where kit run seals the run
+    assert "--model /inputs/model" in doc["rayjob"]["spec"]["entrypoint"]
+    for spec in (doc["raycluster"]["spec"], doc["rayjob"]["spec"]["rayClusterSpec"]):
+        for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+            pod = group["template"]["spec"]
+            volumes = {v["name"]: v for v in pod["volumes"]}
+            mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+            assert volumes[mounts["/workspace"]["name"]]["persistentVolumeClaim"] == {"claimName": "rlk-workspace"}
+            assert volumes[mounts["/inputs"]["name"]]["persistentVolumeClaim"]["claimName"] == "rlk-inputs"
+            assert mounts["/inputs"]["readOnly"] is True
+            assert volumes[mounts["/dev/shm"]["name"]]["emptyDir"]["sizeLimit"] == str(208_589_934_592)
+            assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+            assert group["rayStartParams"]["object-store-memory"] == "200000000000"
+    # an emptyDir only when asked; a hostPath for inputs; the smoke arm keeps small sizes
+    smoke = kuberay.validate(kuberay.render(Catalog.default().arm("smoke"), image=DIGEST, platform="cpu",
+                                            workspace_volume="emptydir", inputs_host_path="/data/rlk-inputs"))
+    pod = smoke["raycluster"]["spec"]["headGroupSpec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["workspace"] == {"name": "workspace", "emptyDir": {}}
+    assert volumes["inputs"]["hostPath"] == {"path": "/data/rlk-inputs", "type": "Directory"}
+    assert volumes["dshm"]["emptyDir"]["sizeLimit"] == str(2**30) and "resources" not in pod["containers"][0]
+    assert smoke["raycluster"]["spec"]["headGroupSpec"]["rayStartParams"]["object-store-memory"] == "500000000"
+    for bad, says in (({"workspace_volume": "nfs"}, "--workspace-volume nfs"), ({"workspace_claim": "Bad_Name"}, "--workspace-claim"),
+                      ({"inputs_claim": "a", "inputs_host_path": "/x"}, "give one of them"),
+                      ({"inputs_host_path": "rel"}, "--inputs-host-path 'rel'")):
+        with pytest.raises(BadInput, match=re.escape(says)):
+            kuberay.render(arm, image=DIGEST, platform="cuda", **bad)
