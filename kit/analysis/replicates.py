@@ -42,7 +42,7 @@ def _finite(values):
 
 def _seed_of(arm) -> int | None:
     seed = manifest_workload(arm.manifest).get("seed") if arm.manifest else None
-    return seed if isinstance(seed, int) else None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None   # JSON true is no seed
 
 
 def _groups(arms) -> dict[str, list]:

@@ -129,5 +129,6 @@ def attached_timing(manifest: dict, job_info: dict) -> dict:
     except (KeyError, TypeError, ValueError):
         total_s = 0.0
     start, end = job_info.get("start_time_ms"), job_info.get("end_time_ms")
-    workload_s = (end - start) / 1000.0 if isinstance(start, int) and isinstance(end, int) and end >= start else 0.0
+    workload_s = ((end - start) / 1000.0 if all(isinstance(t, int) and not isinstance(t, bool) for t in (start, end))
+                  and end >= start else 0.0)
     return timing(max(total_s, workload_s), workload_s)
