@@ -87,8 +87,9 @@ def rocm_problem(stack_doc: dict, platform: str, index: str | None) -> str | Non
 
 
 def resolve_lock(stack_doc: dict, platform: str, *, index: str | None = None, extra_index: str | None = None,
-                 find_links: list[str] = (), progress=None) -> dict:
-    """The lock document of one platform of a resolved stack; Unreachable (exit 2) without an index."""
+                 find_links: list[str] = (), progress=None, requirements: list[str] | None = None) -> dict:
+    """The lock document of one platform of a resolved stack; Unreachable (exit 2) without an index.
+    ``requirements`` replaces the stack's pins (``kit lock --check`` resolves a lock's own versions)."""
     if platform not in stack_doc.get("platforms", {}):
         raise BadInput(f"--platform {platform}: stack {stack_doc['name']!r} has platforms "
                        f"{', '.join(sorted(stack_doc.get('platforms', {})))}")
@@ -97,7 +98,7 @@ def resolve_lock(stack_doc: dict, platform: str, *, index: str | None = None, ex
         if problem:
             raise Unreachable(problem)
     target = target_of(stack_doc, platform)
-    requirements = requirements_of(stack_doc, platform)
+    requirements = requirements if requirements is not None else requirements_of(stack_doc, platform)
     excludes = excludes_of(stack_doc)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kit-lock-") as tmp:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import click
 
@@ -10,8 +11,9 @@ from kit.cli._output import emit_json
 from kit.model.errors import BadInput
 from kit.build.resolve import Unreachable, default_find_links, resolve_lock
 from kit.model.catalog import Catalog
-from kit.model.documents import replace_document
-from kit.model.lock import lock_differences, lock_file_name, lock_rule_problems, lock_sha256, platform_kind
+from kit.model.documents import replace_document, sha256_of_file
+from kit.model.lock import (index_drift, local_wheel_problems, lock_file_name, lock_rule_problems, lock_sha256,
+                            pinned_requirements, platform_kind, served_problems)
 
 
 @click.command(name="lock", context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,27 +21,31 @@ from kit.model.lock import lock_differences, lock_file_name, lock_rule_problems,
 @click.option("--platform", "platforms", multiple=True, metavar="P",
               help="Only this platform (cuda, rocm, cpu, cuda-debian …). Repeatable. Default: every platform "
                    "of the stack except ROCm ones, whose index is named instead.")
-@click.option("--check", is_flag=True, help="Re-resolve and compare with the committed locks; write nothing. "
-              "Exit 1 on drift, 2 when the index cannot be reached.")
+@click.option("--check", is_flag=True, help="Check the committed locks; write nothing. Exit 1 when a lock no longer "
+              "installs (a locked version or file no longer served, a sha256 changed, a locally built wheel that "
+              "differs); newer releases a resolver would now pick are listed as drift. 2 when the index cannot be reached.")
+@click.option("--strict", is_flag=True, help="With --check: drift fails too (exit 1).")
 @click.option("--index", metavar="URL", help="Package index to resolve against (default: uv's, PyPI).")
 @click.option("--extra-index", metavar="URL", help="A second index (with --index for ROCm torch).")
 @click.option("--find-links", "find_links", multiple=True, metavar="DIR",
               help="Local wheel directory. Default: $PIP_FIND_LINKS (this host's pip configuration).")
-@click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/lock-report/v1 document.")
-def command(stacks, platforms, check, index, extra_index, find_links, as_json):
+@click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/lock-report/v2 document.")
+def command(stacks, platforms, check, strict, index, extra_index, find_links, as_json):
     """Hash-lock every distribution of every stack: manifests/lock-<stack>-<platform>.json.
 
     Each lock holds every package with its exact version and the sha256 of its wheel files for the
     platform's Python and wheel platform, and is judged by the CUDA/ROCm consistency rules (kit
     verify); a lock that fails them is not written. Without STACK: every stack complete enough to
     resolve (abstract layers with Python, platforms and packages included); with --check, every
-    committed lock. Exit 0 ok, 1 drift or a rule failed, 2 bad input or no index.
+    committed lock. Exit 0 ok (with --check: every lock still installs as locked, drift listed), 1 a lock
+    that no longer installs, drift with --strict, or a rule failed; 2 bad input or no index.
 
     \b
     Examples:
       kit lock                                  # every stack, every non-ROCm platform
       kit lock vime-g11 --platform cuda
-      kit lock --check --json                   # drift against the committed locks
+      kit lock --check                          # does every committed lock still install? (drift listed)
+      kit lock --check --strict --json          # drift fails too
       kit lock smoke --find-links /opt/wheels
     """
 
@@ -76,11 +82,13 @@ def command(stacks, platforms, check, index, extra_index, find_links, as_json):
                          lock_sha256=lock_sha256(lock))
             problems = lock_rule_problems(lock, doc)
             if check:
-                drift = lock_differences(committed[0], lock)
-                entry["drift"] = drift
-                stale = lock_sha256(committed[0]) != entry["lock_sha256"]
-                entry["status"] = "drift" if stale or any(drift.values()) else "ok"
-                failed |= entry["status"] != "ok"
+                try:
+                    entry.update(check_committed(committed[0], lock, doc, platform, strict=strict, index=index,
+                                                 extra_index=extra_index, find_links=links))
+                except Unreachable as exc:
+                    entry.update(status="unreachable", message=str(exc))
+                    unreachable.append(str(exc))
+                failed |= entry["status"] in ("broken", "drift") and (entry["status"] == "broken" or strict)
             elif not problems:   # a lock that fails the rules is never written (fail closed)
                 if committed and committed[0].get("note"):
                     lock["note"] = committed[0]["note"]   # a human's note survives a re-lock
@@ -91,7 +99,7 @@ def command(stacks, platforms, check, index, extra_index, find_links, as_json):
                 entry["problems"] = [f"{p}: {m}" for p, m in problems]
                 failed = True
             results.append(entry)
-    report = {"schema": "rlk-kit/lock-report/v1", "check": check, "results": results}
+    report = {"schema": "rlk-kit/lock-report/v2", "check": check, "strict": strict, "results": results}
     if as_json:
         emit_json(report)
     else:
@@ -102,6 +110,10 @@ def command(stacks, platforms, check, index, extra_index, find_links, as_json):
             click.echo(head)
             for line in r.get("problems", []) + ([r["message"]] if "message" in r else []):
                 click.echo(f"    {line}")
+            for line in r.get("not_served", []):
+                click.echo(f"    not served as locked: {line}")
+            for line in r.get("notes", []):
+                click.echo(f"    note: {line}")
             for kind, items in (r.get("drift") or {}).items():
                 for item in items:
                     click.echo(f"    {kind}: {item}")
@@ -109,6 +121,36 @@ def command(stacks, platforms, check, index, extra_index, find_links, as_json):
         raise click.exceptions.Exit(2)
     if failed:
         raise click.exceptions.Exit(1)
+
+
+def check_committed(committed: dict, fresh: dict, stack_doc: dict, platform: str, *, strict: bool, index, extra_index,
+                    find_links: list[str]) -> dict:
+    """How a committed lock stands against the index today: ``broken`` when it no longer installs as
+    locked, ``drift`` when a resolver would now pick other versions (fails only with --strict), else ``ok``."""
+    drift = index_drift(committed, fresh)
+    problems, notes = local_wheel_problems(committed, _supplied_wheels(find_links))
+    not_served = []
+    if any(drift.values()):   # the fresh resolution differs: are the locked versions and files still served?
+        served = resolve_lock(stack_doc, platform, index=index, extra_index=extra_index, find_links=find_links,
+                              requirements=pinned_requirements(committed))
+        not_served = served_problems(committed, served)
+    status = "broken" if problems or not_served else "drift" if any(drift.values()) else "ok"
+    out = {"status": status, "drift": drift, "not_served": not_served + problems, "notes": notes}
+    if status == "drift":
+        out["message"] = ("every locked file is still served as locked: the lock installs; a resolver would now pick "
+                          "the versions listed" + (" (--strict: fails)" if strict else ""))
+    return out
+
+
+def _supplied_wheels(find_links: list[str]) -> dict[str, str]:
+    """File name -> sha256 of every wheel in the --find-links directories (locally built ones are checked by it)."""
+    out = {}
+    for link in find_links:
+        root = Path(link.removeprefix("file://"))
+        if root.is_dir():
+            for wheel in sorted(root.glob("*-linux_*.whl")):
+                out.setdefault(wheel.name, sha256_of_file(wheel))
+    return out
 
 
 def _complete(catalog, name: str) -> bool:

@@ -265,6 +265,72 @@ def lock_differences(old: dict, new: dict) -> dict[str, list]:
             "changed": changed}
 
 
+# A wheel of a plain ``linux_*`` platform tag is built on a host (the kit's TE extension wheel, a site's own
+# build): no index serves it, so it is held to the lock and to the wheel a site gives, never to an index.
+_LOCAL_WHEEL_RE = re.compile(r"-linux_[a-z0-9_]+\.whl$")
+
+
+def built_locally(pkg: dict) -> bool:
+    """``built_locally({"files": [{"file": "transformer_engine_torch-2.11.0-cp311-cp311-linux_x86_64.whl"}]})`` is True."""
+    return any(_LOCAL_WHEEL_RE.search(f["file"]) for f in pkg["files"])
+
+
+def pinned_requirements(doc: dict) -> list[str]:
+    """Every package of a lock pinned to its locked version, those built locally left out (an index has none)."""
+    return sorted(f"{p['name']}=={p['version']}" for p in doc["packages"] if not built_locally(p))
+
+
+def served_problems(committed: dict, served: dict) -> list[str]:
+    """What of a lock no index serves as locked any more, from ``served`` (the same packages resolved at
+    their locked versions now): a version gone, a locked file gone, a file whose sha256 changed. Any of
+    these means the lock no longer installs; a newer release elsewhere does not."""
+    now = {p["name"]: p for p in served["packages"]}
+    out = []
+    for pkg in committed["packages"]:
+        if built_locally(pkg):
+            continue
+        got = now.get(pkg["name"])
+        if got is None or got["version"] != pkg["version"]:
+            out.append(f"{pkg['name']} {pkg['version']}: no longer served"
+                       + (f" (the locked versions now resolve to {got['version']})" if got else ""))
+            continue
+        files = {f["file"]: f["sha256"] for f in got["files"]}
+        for f in pkg["files"]:
+            if f["file"] not in files:
+                out.append(f"{pkg['name']} {pkg['version']}: {f['file']} is no longer served")
+            elif files[f["file"]] != f["sha256"]:
+                out.append(f"{pkg['name']} {pkg['version']}: {f['file']} sha256 changed: locked {f['sha256']}, "
+                           f"served {files[f['file']]}")
+    return out
+
+
+def local_wheel_problems(committed: dict, found: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(problems, notes) for the locally built wheels of a lock, given ``found``: file name -> sha256 of
+    the wheels a site supplied (--find-links). A supplied wheel must hash as locked; one not supplied is
+    a note, since no index can check it."""
+    problems, notes = [], []
+    for pkg in committed["packages"]:
+        for f in pkg["files"]:
+            if not _LOCAL_WHEEL_RE.search(f["file"]):
+                continue
+            if f["file"] not in found:
+                notes.append(f"{pkg['name']} {pkg['version']}: {f['file']} is built locally (no index serves it); "
+                             "give the directory holding it with --find-links to check it against the lock")
+            elif found[f["file"]] != f["sha256"]:
+                problems.append(f"{pkg['name']} {pkg['version']}: {f['file']} sha256 {found[f['file']]} is not the "
+                                f"locked {f['sha256']}")
+    return problems, notes
+
+
+def index_drift(committed: dict, fresh: dict) -> dict[str, list]:
+    """:func:`lock_differences` less what only differs because a package is built locally (its wheel
+    against the index's sdist): what a resolver would now pick instead of the lock."""
+    local = {p["name"] for p in committed["packages"] if built_locally(p)}
+    drift = lock_differences(committed, fresh)
+    drift["changed"] = [c for c in drift["changed"] if c.split(" ", 1)[0] not in local]
+    return drift
+
+
 def hashed_requirements(doc: dict, names: set[str] | None = None) -> str:
     """The lock (or only ``names`` of it) as a requirements file for ``pip install --require-hashes --no-deps -r``."""
     lines = []

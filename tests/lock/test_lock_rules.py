@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from kit.model.documents import schema_problems
+
 from kit.evidence.verify import verify_document_file
 from kit.model.catalog import Catalog
 from kit.model.lock import cuda_major, install_files, lock_differences, lock_rule_problems, lock_sha256
@@ -185,13 +187,61 @@ def test_kit_lock_check_of_every_committed_lock_without_network_exits_2(tmp_path
 
 
 @pytest.mark.slow
-def test_kit_lock_check_of_the_smoke_lock_with_the_index_exits_0(tmp_path):
-    """With PyPI (and this host's wheel directory for torch +cpu) the committed lock re-resolves unchanged."""
+def test_kit_lock_check_of_the_smoke_lock_with_the_index_separates_drift_from_a_broken_lock(tmp_path):
+    """With PyPI (and this host's wheel directory for torch +cpu): the committed lock still installs (exit 0,
+    whatever newer releases a resolver would now pick, listed as drift); --strict fails on drift; a lock
+    with one sha256 altered no longer installs (exit 1, the package named)."""
+    import shutil
+
     env = {**__import__("os").environ, "KIT_MANIFESTS": str(MANIFESTS)}
     proc = subprocess.run([sys.executable, "-m", "kit", "lock", "smoke", "--check", "--json"], capture_output=True,
                           text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert [r["status"] for r in json.loads(proc.stdout)["results"]] == ["ok"]
+    doc = json.loads(proc.stdout)
+    assert not schema_problems(doc, expected="lock-report")
+    [result] = doc["results"]
+    assert result["status"] in ("ok", "drift") and result["not_served"] == [], result
+    strict = subprocess.run([sys.executable, "-m", "kit", "lock", "smoke", "--check", "--strict"],
+                            capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert strict.returncode == (1 if result["status"] == "drift" else 0), strict.stdout
+    # one locked hash altered: the lock no longer installs, whether or not anything drifted
+    altered = tmp_path / "manifests"
+    shutil.copytree(MANIFESTS, altered)
+    lock = json.loads((altered / "lock-smoke-cpu.json").read_text())
+    victim = next(p for p in lock["packages"] if p["name"] == "click")
+    victim["files"][0]["sha256"] = "0" * 64
+    (altered / "lock-smoke-cpu.json").write_text(json.dumps(lock, indent=2))
+    proc = subprocess.run([sys.executable, "-m", "kit", "lock", "smoke", "--check"], capture_output=True,
+                          text=True, env={**env, "KIT_MANIFESTS": str(altered)}, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "BROKEN" in proc.stdout and f"click {victim['version']}" in proc.stdout and "sha256 changed" in proc.stdout
+
+
+def test_a_check_tells_a_lock_that_no_longer_installs_from_newer_releases():
+    from kit.model.lock import built_locally, index_drift, local_wheel_problems, pinned_requirements, served_problems
+
+    def pkg(name, version, *files):
+        return {"name": name, "version": version, "files": [{"file": f, "sha256": h} for f, h in files]}
+
+    te = pkg("transformer-engine-torch", "2.11.0", ("transformer_engine_torch-2.11.0-cp311-cp311-linux_x86_64.whl", "c" * 64))
+    committed = {"packages": [pkg("a", "1", ("a-1-py3-none-any.whl", "a" * 64)),
+                              pkg("b", "2", ("b-2-py3-none-manylinux_2_28_x86_64.whl", "b" * 64)), te]}
+    assert built_locally(te) and not built_locally(committed["packages"][1])
+    assert pinned_requirements(committed) == ["a==1", "b==2"]
+    # a newer release of a, and the index's sdist for the locally built wheel: drift, not breakage
+    fresh = {"packages": [pkg("a", "1.1", ("a-1.1-py3-none-any.whl", "d" * 64)), committed["packages"][1],
+                          pkg("transformer-engine-torch", "2.11.0", ("transformer_engine_torch-2.11.0.tar.gz", "e" * 64))]}
+    assert index_drift(committed, fresh) == {"added": [], "removed": [], "changed": ["a 1 -> 1.1"]}
+    assert served_problems(committed, committed) == []
+    served = {"packages": [pkg("a", "1", ("a-1-py3-none-any.whl", "f" * 64))]}
+    assert served_problems(committed, served) == [
+        f"a 1: a-1-py3-none-any.whl sha256 changed: locked {'a' * 64}, served {'f' * 64}", "b 2: no longer served"]
+    wheel = te["files"][0]["file"]
+    assert local_wheel_problems(committed, {wheel: "c" * 64}) == ([], [])
+    problems, notes = local_wheel_problems(committed, {wheel: "9" * 64})
+    assert len(problems) == 1 and "transformer-engine-torch 2.11.0" in problems[0] and not notes
+    problems, notes = local_wheel_problems(committed, {})
+    assert not problems and "--find-links" in notes[0]
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile.cuda", "Dockerfile.rocm"])
