@@ -11,7 +11,8 @@ One run writes one JSON document with:
    rotating order within each of ``--trials`` rounds: P (eager production: the history's column),
    P+ (the fair production baseline of ``fair_baseline.py``: fused RMSNorm, fused QK-norm+RoPE,
    fused SwiGLU, the fastest SDPA backend per shape), R (the strict kernels of ``rlk_kernels.gpu``)
-   and R0 (R with the layer glue as eager ops, round 3's composition; attention and layer only). Ratios are
+   and RT (R with every GEMM on the strict Triton kernels: the certified cuBLAS path of
+   ``rlk_kernels.gpu.vendor_gemm`` off; prefill only, decode never reaches it). Ratios are
    throughput ratios (= time of the denominator / time of R) per round, reported as the median with
    a 95 % bootstrap CI over rounds; GPU clocks are read before and after;
 3. a torch-profiler breakdown of one R and one P+ layer (prefill 8192, decode batch 64 / 7168 KV);
@@ -346,6 +347,11 @@ def invariance_at_scale(L):
     results["fused_glue_equals_eager_glue"] = (
         _same(layer("R", L, xs, pos_all, kc, vc), layer("R0", L, xs, pos_all, kc, vc))
         and _same(layer("R", L, step_x, step_pos, kc3, kc3.clone()), layer("R0", L, step_x, step_pos, kc3, kc3.clone())))
+    # the certified cuBLAS GEMMs against the strict Triton GEMMs: a whole layer, byte for byte
+    results["vendor_gemm_layer_equals_triton_gemm_layer"] = all(
+        _same(layer("R", L, xs[:, :n], pos_all[:, :n], kc[:, :, :n], vc[:, :, :n]),
+              _vendor_off(lambda i: layer(i, L, xs[:, :n], pos_all[:, :n], kc[:, :, :n], vc[:, :, :n])))
+        for n in (300, 4096, 7168))
     return results
 
 
@@ -492,17 +498,32 @@ def sweep(L, split_sizes=True):
 # --- throughput --------------------------------------------------------------------------------------
 
 def _module_calls(L, x, pos, kc, vc, targets) -> dict:
-    """Each measured module as ``impl -> output`` on the same inputs."""
-    return {
+    """Each measured module as ``impl -> output`` on the same inputs ("RT": R with every GEMM on
+    the strict Triton kernels, the certified cuBLAS path off -- the previous round's R)."""
+    calls = {
         "attention": lambda i: attention(i, L, x, pos, kc, vc),
         "ffn": lambda i: ffn(i, L, x),
         "logp": lambda i: logp(i, L, x, targets),
         "layer": lambda i: layer(i, L, x, pos, kc, vc),
         "layer+logp": lambda i: logp(i, L, layer(i, L, x, pos, kc, vc), targets),
     }
+    return {name: (lambda fn: lambda i: _vendor_off(fn) if i == "RT" else fn(i))(fn) for name, fn in calls.items()}
 
 
-IMPLS = ("P", "P+", "R", "R0")   # eager production, fair production, strict, strict with eager glue
+def _vendor_off(fn):
+    import os
+    before = os.environ.get("RLK_VENDOR_GEMM")
+    os.environ["RLK_VENDOR_GEMM"] = "0"
+    try:
+        return fn("R")
+    finally:
+        if before is None:
+            del os.environ["RLK_VENDOR_GEMM"]
+        else:
+            os.environ["RLK_VENDOR_GEMM"] = before
+
+
+IMPLS = ("P", "P+", "R", "RT")   # eager production, fair production, strict, strict on Triton GEMMs only
 
 
 def bootstrap_ci(values, n=2000, seed=0):
@@ -531,7 +552,7 @@ def measure(fns, impls, reps, trials):
             times[impl].append(_time(runs[impl], reps))
     res = {f"{impl}_us": round(statistics.median(v), 2) for impl, v in times.items()}
     res["trials_us"] = {impl: [round(x, 2) for x in v] for impl, v in times.items()}
-    for num, den in (("R", "P+"), ("R", "P"), ("P+", "P"), ("R0", "P+"), ("R", "R0")):
+    for num, den in (("R", "P+"), ("R", "P"), ("P+", "P"), ("R0", "P+"), ("R", "R0"), ("RT", "P+"), ("R", "RT")):
         if num in times and den in times:
             ratios = [d / n for n, d in zip(times[num], times[den])]     # throughput num / den
             med, lo, hi = bootstrap_ci(ratios)
@@ -576,7 +597,7 @@ def throughput(L, quick=False, trials=7):
         vc = torch.empty_like(kc)
         backends.append(_pick_backends(L, 1, tokens, tokens))
         for module, fns in _module_calls(L, x, pos, kc, vc, targets).items():
-            impls = IMPLS if module in ("attention", "layer", "layer+logp") else IMPLS[:3]
+            impls = IMPLS if module != "logp" else IMPLS[:3]
             res = measure(fns, impls, 3, trials)
             rows.append({"phase": "prefill", "tokens": tokens, "batch": 1, "module": module, **res})
             _print_row(rows[-1])
@@ -592,8 +613,7 @@ def throughput(L, quick=False, trials=7):
             for module, fns in _module_calls(L, x, pos, kc, vc, targets).items():
                 if module == "layer+logp":
                     continue
-                impls = IMPLS if module in ("attention", "layer") else IMPLS[:3]
-                res = measure(fns, impls, 30, trials)
+                res = measure(fns, IMPLS[:3], 30, trials)
                 rows.append({"phase": "decode", "batch": batch, "kv_cache": ctx, "module": module, **res})
                 _print_row(rows[-1])
             torch.cuda.empty_cache()
@@ -606,7 +626,7 @@ def _print_row(r):
     ci = r["R/P+"]
     print(f"{r['phase']:<7} {shape:<12} {r['module']:<10} P {r['P_us']:>8.1f}  P+ {r['P+_us']:>8.1f}  "
           f"R {r['R_us']:>8.1f}  R/P+ {ci[0]:.3f} [{ci[1]:.3f}, {ci[2]:.3f}]  R/P {r['R/P'][0]:.3f}"
-          + (f"  R0/P+ {r['R0/P+'][0]:.3f}" if "R0/P+" in r else ""), flush=True)
+          + (f"  RT/P+ {r['RT/P+'][0]:.3f}  R/RT {r['R/RT'][0]:.3f}" if "RT/P+" in r else ""), flush=True)
 
 
 PROFILE_CASES = {"prefill_4096": (1, 4096, 4096), "decode_b8_kv2048": (8, 1, 2049),
@@ -723,13 +743,17 @@ def _kernel_group(name: str) -> str:
 
 def markdown(doc: dict) -> str:
     """The throughput table and the per-kernel profiles of a result document, as markdown."""
-    out = ["| phase | shape | module | P eager µs | P+ µs | R µs | R ÷ P+ [95% CI] | R ÷ P | R0 ÷ P+ |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for r in doc.get("throughput", {}).get("rows", []):
+    rows = doc.get("throughput", {}).get("rows", [])
+    other = "RT" if any("RT/P+" in r for r in rows) else "R0"
+    out = [f"| phase | shape | module | P eager µs | P+ µs | R µs | R ÷ P+ [95% CI] | R ÷ P | {other} µs | {other} ÷ P+ |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
         shape = f"{r['tokens']} tokens" if r["phase"] == "prefill" else f"batch {r['batch']}, KV {r['kv_cache']}"
-        ci, r0 = r["R/P+"], r.get("R0/P+")
+        ci, r0 = r["R/P+"], r.get(f"{other}/P+")
+        t0 = r.get(f"{other}_us")
         out.append(f"| {r['phase']} | {shape} | {r['module']} | {r['P_us']:.0f} | {r['P+_us']:.0f} | {r['R_us']:.0f} | "
-                   f"{ci[0]:.2f} [{ci[1]:.2f}, {ci[2]:.2f}] | {r['R/P'][0]:.2f} | {f'{r0[0]:.2f}' if r0 else '–'} |")
+                   f"{ci[0]:.2f} [{ci[1]:.2f}, {ci[2]:.2f}] | {r['R/P'][0]:.2f} | {f'{t0:.0f}' if t0 else '–'} | "
+                   f"{f'{r0[0]:.2f}' if r0 else '–'} |")
     for case in PROFILE_CASES:
         r, p = doc.get("profile", {}).get(f"{case} R"), doc.get("profile", {}).get(f"{case} P+")
         if not (r and p):
@@ -784,10 +808,14 @@ def main(argv=None):
     from rlk_kernels.gpu import triton_attention as ta
     from rlk_kernels.model import ModelConfig
     from rlk_kernels.gpu import triton_gemm as tg
+    from rlk_kernels.gpu import triton_pointwise as tp
+    from rlk_kernels.gpu import vendor_gemm as vg
     doc = {"schema": "rlk-kit/bench-gpu-strict-kernels/v2", "environment": environment(),
            "strict_schedule": {"attention_block_n": ta.BLOCK_N, "attention_split": ta.SPLIT,
                                "attention_prefill": list(ta.PREFILL), "attention_decode": list(ta.DECODE),
-                               "gemm_flat_tree": tg.FLAT_TREE, "gemm_flat_tree_config": list(tg.FLAT_TREE_CONFIG)},
+                               "gemm_flat_tree": tg.FLAT_TREE, "gemm_flat_tree_config": list(tg.FLAT_TREE_CONFIG),
+                               "gemm_vendor": vg.enabled(), "gemm_vendor_min_rows": vg.MIN_ROWS,
+                               "rope_rows_per_program": tp.ROPE_ROWS},
            "argv": sys.argv[1:]}
     print(json.dumps(doc["environment"]), flush=True)
     out = pathlib.Path(args.out)
@@ -823,6 +851,7 @@ def main(argv=None):
             section("throughput", lambda: throughput(L, quick=args.quick, trials=args.trials))
         if "profile" in wanted:
             section("profile", lambda: profile(L, args.profile_cases.split(",")))
+        doc["vendor_certifications"] = vg.report()
         doc["goals"] = {"prefill_layer": 0.90, "prefill_layer_logp": 0.95, "decode_layer": 0.98,
                         "denominator": "P+ (fair production baseline, benchmarks/fair_baseline.py)",
                         "anchors": {"thinking_machines_batch_invariant": 0.62, "sglang_deterministic": 0.74,

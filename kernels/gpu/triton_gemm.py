@@ -241,14 +241,22 @@ def _operands(x, w_shards):
     return x, w_shards
 
 
-def shard_matmul(x, w_shards, out_dtype=None):
+def shard_matmul(x, w_shards, out_dtype=None, vendor: bool = True):
     """Per-shard products [S, M, N] of ``x`` [M, K] (shared) or [S, M, K] with ``w_shards`` [S, K, N].
 
-    bf16 operands, fp32 accumulation; the result has ``out_dtype`` (default: ``x``'s dtype).
+    bf16 operands, fp32 accumulation; the result has ``out_dtype`` (default: ``x``'s dtype). With
+    ``vendor`` a shared ``x`` of more than :data:`vendor_gemm.MIN_ROWS` rows takes cuBLAS where this
+    process certified it gives these bits (:mod:`rlk_kernels.gpu.vendor_gemm`; the result is then a
+    [S, M, N] view of an [M, S·N] product).
     """
     import torch
 
     out_dtype = out_dtype or x.dtype
+    if vendor and x.dim() == 2:
+        from rlk_kernels.gpu import vendor_gemm
+        fast = vendor_gemm.columns(x, w_shards, out_dtype)
+        if fast is not None:
+            return fast
     x, w = _operands(x, w_shards)
     shards, inner, cols = w.shape
     rows = x.shape[1]
@@ -263,19 +271,26 @@ def shard_matmul(x, w_shards, out_dtype=None):
     return out
 
 
-def shard_swiglu(x, w_shards, per: int, out_dtype=None, fused: bool | None = None):
+def shard_swiglu(x, w_shards, per: int, out_dtype=None, fused: bool | None = None, vendor: bool = True):
     """SwiGLU of the per-shard gate/up products: [S, M, per] from ``x`` [M, K] and ``w_shards``
     [S, K, 2*per] (``[gate | up]`` columns). ``fused`` None: the fused kernel above
-    :data:`SMALL_ROWS` rows (both give the same bits)."""
+    :data:`SMALL_ROWS` rows, or with ``vendor`` the certified cuBLAS gate/up product and the
+    element-wise SwiGLU kernel (all give the same bits)."""
     import torch
 
     out_dtype = out_dtype or x.dtype
     rows = x.shape[-2]
     if fused is None:
         fused = rows > SMALL_ROWS
+    if vendor and fused and x.dim() == 2:
+        from rlk_kernels.gpu import vendor_gemm
+        from rlk_kernels.gpu.triton_pointwise import swiglu
+        gate_up = vendor_gemm.columns(x, w_shards, out_dtype)            # [S, M, 2*per] view of [M, S, 2*per]
+        if gate_up is not None:
+            return swiglu(gate_up.permute(1, 0, 2), per).permute(1, 0, 2)
     if not fused:
         from rlk_kernels.gpu.triton_pointwise import swiglu
-        return swiglu(shard_matmul(x, w_shards, out_dtype=out_dtype), per)
+        return swiglu(shard_matmul(x, w_shards, out_dtype=out_dtype, vendor=vendor), per)
     x, w = _operands(x, w_shards)
     shards, inner, cols = w.shape
     if cols != 2 * per:
@@ -330,11 +345,13 @@ def tree_reduce_shards(partials):
     return out
 
 
-def shard_matmul_tree(x, w_shards, *, flat: bool | None = None, config=None):
+def shard_matmul_tree(x, w_shards, *, flat: bool | None = None, config=None, vendor: bool = True):
     """fp32 ``tree_s(x[s] @ w[s])`` [M, N] for ``x`` [S, M, K] and ``w_shards`` [S, K, N], S in 1, 2, 4, 8.
     Above :data:`SMALL_ROWS` rows ``flat`` (default :data:`FLAT_TREE`) takes the one-loop kernel
-    where ``BK`` divides K (``config``: its launch, default :data:`FLAT_TREE_CONFIG`); every choice
-    gives the same bits."""
+    where ``BK`` divides K (``config``: its launch, default :data:`FLAT_TREE_CONFIG`). With ``vendor``
+    (and not ``flat``) the per-shard partials come from cuBLAS where this process certified them
+    equal to the strict kernel's (:func:`vendor_gemm.partials`), reduced by :func:`tree_reduce_shards`.
+    Every choice gives the same bits."""
     import torch
 
     x, w = _operands(x, w_shards)
@@ -342,6 +359,11 @@ def shard_matmul_tree(x, w_shards, *, flat: bool | None = None, config=None):
     if shards not in (1, 2, 4, 8):
         raise ValueError(f"the shard tree needs 1, 2, 4 or 8 shards, got {shards}")
     rows = x.shape[1]
+    if vendor and not flat:
+        from rlk_kernels.gpu import vendor_gemm
+        parts = vendor_gemm.partials(x, w)                                # certified cuBLAS partials
+        if parts is not None:
+            return tree_reduce_shards(parts)
     if rows <= SMALL_ROWS:
         return tree_reduce_shards(shard_matmul(x, w, out_dtype=torch.float32))
     flat = FLAT_TREE if flat is None else flat
