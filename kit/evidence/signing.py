@@ -269,12 +269,13 @@ def write_key_pair(base: Path, kind: str, *, force: bool = False) -> tuple[Path,
 
     from cryptography.hazmat.primitives import serialization
 
+    text = str(base)
     base = Path(base)
-    if base.suffix in (".pem", ".pub", ".key"):
+    if not text or text.endswith("/") or base.name in ("", ".", "..") or "\n" in text or "\0" in text:
+        raise BadInput(f"NAME {text!r}: give a file name without suffix, such as keys/seal")
+    if base.suffix in (".pem", ".pub", ".key") and base.stem not in ("", ".", ".."):
         base = base.with_suffix("")
     private, public = base.with_name(base.name + ".pem"), base.with_name(base.name + ".pub")
-    if not base.name or base.name in (".", ".."):
-        raise BadInput(f"NAME {str(base)!r}: give a file name without suffix, such as keys/seal")
     for path in (private, public):
         if path.is_dir():
             raise BadInput(f"NAME {base}: {path} is a directory; give another NAME")
