@@ -162,3 +162,33 @@ def test_an_unsupported_key_type_is_refused_naming_what_is_accepted(tmp_path):
                                        serialization.NoEncryption()))
     with pytest.raises(BadInput, match="expected an ed25519 or ECDSA P-256 key"):
         load_private_key(path)
+
+
+def test_a_build_provenance_signed_with_p256_verifies_and_another_key_fails(tmp_path):
+    from test_provenance_signature import STATEMENT
+
+    from kit.evidence.provenance_signature import sign_provenance
+    from kit.model.documents import dumps_pretty
+
+    private, public = keys(tmp_path, "build")
+    _, other = keys(tmp_path, "other")
+    path = tmp_path / "builds" / "rlk-kit_smoke_cpu-0123456789ab.provenance.json"
+    path.parent.mkdir()
+    path.write_text(dumps_pretty(STATEMENT))
+    envelope = sign_provenance(path, load_private_key(private))
+    assert len(base64.b64decode(json.loads(envelope.read_text())["signatures"][0]["public_key"])) == 91   # DER P-256
+    rc, doc = verify("--key", str(public), str(path))
+    assert rc == 0 and any("ECDSA P-256" in n for n in doc["results"][0]["notes"]), doc
+    rc, doc = verify("--key", str(other), str(path))
+    assert rc == 1, doc
+
+
+def test_in_toto_export_of_a_seal_v4_run_is_its_signed_attestation(tmp_path):
+    private, _ = keys(tmp_path, "lab")
+    run_dir = make_run(tmp_path, "r1", private)
+    out = tmp_path / "statement.json"
+    proc = run_kit("verify", "--in-toto", str(out), str(run_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    statement = json.loads(out.read_text())
+    envelope = json.loads((run_dir / ATTESTATION).read_text())
+    assert statement == json.loads(base64.b64decode(envelope["payload"])) and statement["predicateType"] == PREDICATE_TYPE
