@@ -43,7 +43,7 @@ def default_workspace() -> Path:
               help="Build a second time in a scratch workspace (no cache, other umask and TZ) and compare the "
                    "images layer by layer; exit 1 naming the first differing layer and files.")
 @click.option("--sign-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
-              help="ed25519 private key: sign the build provenance (a DSSE envelope next to it, .dsse.json).")
+              help="Private key (ECDSA P-256 or ed25519; kit keys new): sign the build provenance (a DSSE envelope next to it, .dsse.json).")
 @click.option("--json", "as_json", is_flag=True, help="Machine output: the plan or the build record.")
 @click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Where sources, wheelhouses and build records go (default $KIT_WORKSPACE or ./.workspace).")
@@ -58,7 +58,7 @@ def command(platform, arm, stack_name, sources, sources_dir, wheel_dirs, no_cach
       kit build cuda --arm G10 --dry-run --json          # the plan, without an engine
       kit build rocm --stack vime-g11 --dry-run
       kit build cpu --arm smoke --check-reproducible     # rebuild elsewhere, same image id or exit 1
-      kit build cpu --arm smoke --sign-key build.key     # provenance signed (ed25519, DSSE)
+      kit build cpu --arm smoke --sign-key build.key     # provenance signed (DSSE)
       kit build cuda --arm G11 --sources /work/shared/sources   # sources checked before any layer
       kit build cuda-debian --stack vime-base-debian --sources /work/shared/sources --wheelhouse /cache/wh
     """

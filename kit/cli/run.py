@@ -71,7 +71,7 @@ def workspace_from(flag: Path | None) -> Path:
 @click.option("--dry-run", is_flag=True, help="Print the plan and the manifest preview; create nothing.")
 @click.option("--allow-dirty", is_flag=True, help="Run from a kit checkout with uncommitted changes (recorded; not for published evidence).")
 @click.option("--sign-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
-              help="ed25519 private key (PEM or 32 raw bytes) that signs the seal.")
+              help="Private key that signs the seal and the run's in-toto attestation (and, for ECDSA P-256, its model-signing model.sig): ECDSA P-256 or ed25519 PEM, or 32 raw ed25519 bytes (kit keys new makes one).")
 @click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/run-status/v1 document (dry run: rlk-kit/run-dry-run/v1); no progress.")
 def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, runtime, image, ray_address, ray_head, model, checkpoint, prompt_data, network,
             workspace, run_id, rollouts, seeds, wait, attach_dir, dry_run, allow_dirty, sign_key, as_json):

@@ -46,7 +46,7 @@ def command(ctx, as_json):
               help="Workspace root (default $KIT_WORKSPACE, else ./.workspace).")
 @click.option("--allow-dirty", is_flag=True, help="Run from a kit checkout with uncommitted changes (recorded in each manifest).")
 @click.option("--sign-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
-              help="ed25519 private key that signs each run's seal.")
+              help="Private key (ECDSA P-256 or ed25519, kit keys new) that signs each run's seal and attestation.")
 @click.option("--seeds", metavar="S1,S2,...",
               help="Replicates: the whole suite once per seed (suite ids <suite-id>-s<seed>, every arm's workload and "
                    "rollout seed set to it), each arm's runs grouped in <workspace>/groups/<suite-id>-<arm lower>.json.")
