@@ -815,7 +815,7 @@ def main(argv=None):
                                "attention_prefill": list(ta.PREFILL), "attention_decode": list(ta.DECODE),
                                "gemm_flat_tree": tg.FLAT_TREE, "gemm_flat_tree_config": list(tg.FLAT_TREE_CONFIG),
                                "gemm_vendor": vg.enabled(), "gemm_vendor_min_rows": vg.MIN_ROWS,
-                               "rope_rows_per_program": tp.ROPE_ROWS},
+                               "rope_tile_rows": tp.ROPE_TILE},
            "argv": sys.argv[1:]}
     print(json.dumps(doc["environment"]), flush=True)
     out = pathlib.Path(args.out)

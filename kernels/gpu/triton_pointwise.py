@@ -19,7 +19,7 @@ import os
 import triton
 import triton.language as tl
 
-SWIGLU_BLOCK = 1024
+SWIGLU_BLOCK = 512
 
 
 @triton.jit
@@ -68,47 +68,6 @@ def _rms_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, N, eps, sca
 
 
 @triton.jit
-def _rms_rope_rows_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, R, N, eps, scale, T, HPS, HEADS,
-                          sxs, sxm, sob, soh, sot, ROWS: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr,
-                          SCALE: tl.constexpr):
-    """:func:`_rms_rope_kernel` for ``ROWS`` consecutive (token, head) rows per program: each row is
-    the same 1-D code on the same [BLOCK] tensors (the same in-block reduction, so the same bits),
-    unrolled so that the rows' loads are in flight together instead of one row's latency per
-    program (the one-row kernel is latency-bound: 189 against 26 us for the fused production glue
-    at 4096 tokens on the H200)."""
-    base = tl.program_id(0).to(tl.int64) * ROWS
-    cols = tl.arange(0, BLOCK)
-    ok = cols < N
-    first = cols < HALF
-    partner = tl.where(first, cols + HALF, cols - HALF)
-    at = tl.where(first, cols, cols - HALF)
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    wp = tl.load(w_ptr + partner, mask=ok, other=0.0).to(tl.float32)
-    for r in tl.static_range(ROWS):
-        pid = base + r
-        live = pid < R
-        m = ok & live
-        tok = pid // HEADS
-        head = pid % HEADS
-        src = x_ptr + (head // HPS) * sxs + tok * sxm + (head % HPS) * N
-        x = tl.load(src + cols, mask=m, other=0.0).to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / N + eps)
-        y = (x * inv * w).to(tl.bfloat16).to(tl.float32)
-        xp = tl.load(src + partner, mask=m, other=0.0).to(tl.float32)
-        yp = (xp * inv * wp).to(tl.bfloat16).to(tl.float32)
-        p = tl.load(pos_ptr + tok, mask=live, other=0)
-        c = tl.load(cos_ptr + p * HALF + at, mask=m, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + p * HALF + at, mask=m, other=0.0).to(tl.float32)
-        a = (y * c).to(tl.bfloat16).to(tl.float32)
-        b = (yp * s).to(tl.bfloat16).to(tl.float32)
-        out = tl.where(first, a - b, a + b).to(tl.bfloat16)
-        if SCALE:
-            out = (out.to(tl.float32) * scale).to(tl.bfloat16)
-        dst = o_ptr + (tok // T) * sob + head * soh + (tok % T) * sot
-        tl.store(dst + cols, out, mask=m)
-
-
-@triton.jit
 def _rms_rope_tile_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, R, N, eps, scale, T, HPS, HEADS,
                           sxs, sxm, sob, soh, sot, ROWS: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr,
                           SCALE: tl.constexpr):
@@ -147,13 +106,14 @@ def _rms_rope_tile_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, R, N, 
 
 @triton.jit(do_not_specialize=["n"])
 def _swiglu_kernel(gu_ptr, o_ptr, n, per, BLOCK: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < n
-    row = i // per
-    col = i % per
+    # one program per (row, block of columns): no 64-bit division per element (the flat form's
+    # i // per and i % per made it 1.8x slower than the production kernel at 4096 rows on the H200)
+    row = tl.program_id(0).to(tl.int64)
+    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = col < per
     g = tl.load(gu_ptr + row * (2 * per) + col, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * (2 * per) + per + col, mask=ok, other=0.0).to(tl.float32)
-    tl.store(o_ptr + i, (g / (1.0 + tl.exp(-g)) * u).to(o_ptr.dtype.element_ty), mask=ok)
+    tl.store(o_ptr + row * per + col, (g / (1.0 + tl.exp(-g)) * u).to(o_ptr.dtype.element_ty), mask=ok)
 
 
 def rms_norm(x, weight, eps: float):
@@ -176,21 +136,21 @@ def swiglu(gate_up, per: int, out_dtype=None):
     out = torch.empty(*gu.shape[:-1], per, dtype=out_dtype or gu.dtype, device=gu.device)
     n = out.numel()
     if n:
-        _swiglu_kernel[(-(-n // SWIGLU_BLOCK),)](gu, out, n, per, BLOCK=SWIGLU_BLOCK, num_warps=4,
-                                                  enable_fp_fusion=False)
+        block = min(SWIGLU_BLOCK, triton.next_power_of_2(per))
+        _swiglu_kernel[(n // per, -(-per // block))](gu, out, n, per, BLOCK=block, num_warps=4,
+                                                       enable_fp_fusion=False)
     return out
 
 
-# (token, head) rows per program of the q/k glue: 1 the one-row kernel; "tile" (ROPE_TILE > 1) a
-# [rows, D] tile with 4 warps per row; otherwise rows unrolled in one program. All the same bits.
-# The unrolled form measured slower than one row per program on the H200 (4096 tokens: 201 against
-# 187 us at 4 rows, 238 at 32; decode batch 8: 11 against 8 us), so it is off.
-ROPE_ROWS = 1
+# (token, head) rows per program of the q/k glue as one [rows, D] tile with 4 warps per row
+# (0: the one-row kernel; the same bits either way). Unrolling rows inside one program measured
+# slower than one row per program on the H200 (4096 tokens: 201 against 187 us at 4 rows, 238 at
+# 32; decode batch 8: 11 against 8 us: benchmarks/results/h200-gemm-certify.json) and was removed.
 ROPE_TILE = int(os.environ.get("RLK_ROPE_TILE_ROWS", "0"))
 
 
 def rms_norm_rope(x_shards, weight, eps: float, cos, sin, pos, *, heads: int, scale: float | None = None,
-                  rows_per_program: int | None = None, tile: int | None = None):
+                  tile: int | None = None):
     """RMSNorm over each head of the per-shard product ``x_shards`` [S, B*T, heads/S * D] (the q or
     k columns of the strict QKV GEMM), RoPE at positions ``pos`` [B, T] with the bf16 tables
     ``cos``/``sin`` [positions, D/2], and the optional ``scale``; returns [B, heads, T, D] bf16. The
@@ -201,7 +161,6 @@ def rms_norm_rope(x_shards, weight, eps: float, cos, sin, pos, *, heads: int, sc
     dim = width * shards // heads
     b, t = pos.shape
     out = torch.empty(b, heads, t, dim, dtype=torch.bfloat16, device=x_shards.device)
-    per = ROPE_ROWS if rows_per_program is None else rows_per_program
     tile = ROPE_TILE if tile is None else tile
     if rows and tile > 1:
         total = rows * heads
@@ -210,13 +169,6 @@ def rms_norm_rope(x_shards, weight, eps: float, cos, sin, pos, *, heads: int, sc
             1.0 if scale is None else scale, t, heads // shards, heads, x_shards.stride(0), x_shards.stride(1),
             *out.stride()[:3], ROWS=tile, BLOCK=triton.next_power_of_2(dim), HALF=dim // 2,
             SCALE=scale is not None, num_warps=4 * tile, enable_fp_fusion=False)
-    elif rows and per > 1:
-        total = rows * heads
-        _rms_rope_rows_kernel[(-(-total // per),)](
-            x_shards, weight.contiguous(), cos, sin, pos.to(torch.int32).contiguous(), out, total, dim, eps,
-            1.0 if scale is None else scale, t, heads // shards, heads, x_shards.stride(0), x_shards.stride(1),
-            *out.stride()[:3], ROWS=per, BLOCK=triton.next_power_of_2(dim), HALF=dim // 2,
-            SCALE=scale is not None, num_warps=4, enable_fp_fusion=False)
     elif rows:
         _rms_rope_kernel[(rows * heads,)](
             x_shards, weight.contiguous(), cos, sin, pos.to(torch.int32).contiguous(), out, dim, eps,

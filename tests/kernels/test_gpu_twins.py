@@ -219,6 +219,10 @@ def test_rms_norm_rope_equals_the_eager_glue_up_to_rounding(b, t, heads, scale):
     ref = ref * (scale or 1.0)
     assert out.shape == (b, heads, t, d) and out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, atol=4 * 2 ** -8 * (scale or 1.0) * 4, rtol=4 * 2 ** -8)
+    # several rows per program as one tile: the same rows, heads and positions
+    for kw in ({"tile": 2}, {"tile": 4}):
+        other = triton_pointwise.rms_norm_rope(x, w, 1e-6, cos, sin, pos, heads=heads, scale=scale, **kw)
+        torch.testing.assert_close(other.float(), out.float(), atol=2 * 2 ** -8 * (scale or 1.0) * 4, rtol=2 ** -7)
 
 
 def test_operator_modules_through_the_triton_path_match_cpu():
