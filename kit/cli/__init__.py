@@ -14,6 +14,7 @@ one line starting ``kit: internal error`` names the crash report written (kit/cl
 from __future__ import annotations
 
 import errno
+import os
 import importlib
 import sys
 
@@ -106,6 +107,12 @@ class LazyGroup(click.Group):
         except OSError as exc:
             if isinstance(exc, BrokenPipeError):
                 raise        # a closed pipe: click and Python end quietly
+            if exc.errno in _FULL_ERRNOS:   # a full disk is the host's state, not a bug: say where, what helps
+                where = os_error_message(exc) if exc.filename else f"{exc.strerror} (workspace {_workspace_of(argv)})"
+                click.echo(f"kit: {where}: the file system is full; free space there (or give --workspace on another "
+                           "file system) and run again; what was written is kept, and nothing unfinished is sealed",
+                           err=True)
+                ctx.exit(2)
             if exc.filename is None:
                 _last_resort(ctx, exc, argv)   # not about a path the user can fix
             click.echo(f"kit: {os_error_message(exc)}", err=True)
@@ -122,6 +129,16 @@ class LazyGroup(click.Group):
             _last_resort(ctx, exc, argv)
 
 
+def _workspace_of(argv: list[str]) -> str:
+    """The workspace a command line names (--workspace, else KIT_WORKSPACE, else the default)."""
+    for i, arg in enumerate(argv):
+        if arg == "--workspace" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--workspace="):
+            return arg.split("=", 1)[1]
+    return os.environ.get("KIT_WORKSPACE") or ".workspace"
+
+
 def _last_resort(ctx, exc: BaseException, argv: list[str]):
     """Last resort: a bug becomes one line naming a crash report, never a traceback; exit 1."""
     try:
@@ -133,6 +150,7 @@ def _last_resort(ctx, exc: BaseException, argv: list[str]):
     ctx.exit(1)
 
 
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 # A path the user (or a file they named) pointed at that cannot be used as it is.
 _UNUSABLE_PATH_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EROFS,
                          errno.EEXIST, errno.ENAMETOOLONG}
