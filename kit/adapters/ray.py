@@ -79,11 +79,22 @@ def quiet_ray_sdk_logs() -> None:
 
 
 def jobs_client(address: str):
-    """A ``JobSubmissionClient`` for a dashboard URL (imports the SDK: about a second)."""
+    """A ``JobSubmissionClient`` for a dashboard URL (imports the SDK: about a second); CheckFailed naming
+    the address when no dashboard answers there."""
     from ray.job_submission import JobSubmissionClient   # heavy: only when a cluster is talked to
 
     quiet_ray_sdk_logs()
-    return JobSubmissionClient(address)
+    # The SDK prefers an exported RAY_ADDRESS to the address it is given: hide it, so the kit talks to the
+    # cluster it chose (its own local head, or --ray-address), not to whatever the host's shell names.
+    exported = os.environ.pop("RAY_ADDRESS", None)
+    try:
+        return JobSubmissionClient(address)
+    except ConnectionError as exc:      # the SDK's own (requests') ConnectionError derives from it
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CheckFailed(f"Ray at {address}: no Jobs API answers ({said})") from None
+    finally:
+        if exported is not None:
+            os.environ["RAY_ADDRESS"] = exported
 
 
 def token_auth_requested(env) -> bool:

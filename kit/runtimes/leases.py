@@ -2,8 +2,11 @@
 recorded in ``<workspace>/leases/<run-id>.json`` (``rlk-kit/run-lease/v1``) *before* it is started.
 
 A run that ends, even by Ctrl-C or SIGTERM, stops what it started and removes its lease. A run
-killed with SIGKILL cannot: its lease stays, naming a dead owner, and the next ``kit run`` or
-``kit doctor`` in the workspace stops what the lease names and removes it. Processes are found by
+killed with SIGKILL cannot, so from the first resource it adds, a watcher process stands by: the kit
+holds the only write end of a pipe to it, and when the pipe ends without a word (or the watcher's
+parent changes) the kit is dead and the watcher releases the lease itself, within seconds. The next
+``kit run`` or ``kit doctor`` in the workspace remains the net: it stops what a dead run's lease still
+names (a watcher killed too) and removes it. Processes are found by
 a marker in their environment (every process a Ray head starts inherits it, whatever process group
 or session it moved to) and as descendants of a marked one (a process that sets its title hides its
 environment), containers by name. Example::
@@ -11,16 +14,19 @@ environment), containers by name. Example::
     lease = Lease.take(Path("ws"), "r1")                     # ws/leases/r1.json, owner: this process
     lease.add({"kind": "processes", "marker": "RAY_TMPDIR=/tmp/rlk-ray-x", "what": "the local Ray head"})
     ...                                                      # start it
-    lease.release()                                          # stops leftovers, removes the file
+    lease.release()                                          # stops leftovers, stands the watcher down, removes the file
     reap_stale(Path("ws"))                                   # what dead runs' leases named, now stopped
 """
 
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +41,9 @@ LEASE_SCHEMA = schema_id("run-lease")
 TEMP_PREFIX = "/tmp/rlk-ray-"        # the only temp dirs a lease may remove
 GRACE_S = 10.0
 KILL_WAIT_S = 3.0    # how long a SIGKILLed process may take to go (one in uninterruptible I/O)
+WATCH_POLL_S = 0.5   # how often the watcher looks at its parent besides waiting on the pipe
+WATCH_GRACE_S = 3.0  # the watcher's SIGTERM grace: what a dead kit started is gone within 10 s
+RELEASED = b"released"   # what the kit writes to its watcher once it released the lease itself
 
 
 def process_start(pid: int) -> int | None:
@@ -134,6 +143,8 @@ class Lease:
 
     def __init__(self, path: Path | None, doc: dict):
         self.path, self.doc = path, doc
+        self._watcher: subprocess.Popen | None = None
+        self._watch_fd: int | None = None
 
     @classmethod
     def none(cls) -> "Lease":
@@ -158,10 +169,48 @@ class Lease:
         self.doc["resources"].append(resource)
         if self.path is not None:
             replace_document(self.path, self.doc, expected="run-lease")
+            if self._watcher is None:
+                self._watch()
 
-    def release(self) -> list[str]:
+    def _watch(self) -> None:
+        """Start the watcher that releases this lease if the kit dies (see :func:`watch`)."""
+        read_fd, write_fd = os.pipe()      # not inherited by what the kit starts later: only the kit holds write_fd
+        # the watcher carries no lease marker, so stopping the run's processes never stops it
+        env = {k: v for k, v in os.environ.items() if k != LEASE_ENV}
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        try:
+            self._watcher = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from kit.runtimes.leases import watch; watch(*sys.argv[1:])",
+                 str(self.path), str(read_fd), str(os.getpid()), str(process_start(os.getpid()))],
+                pass_fds=(read_fd,), env=env, start_new_session=True,    # Ctrl-C of the kit's group is the kit's
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self._watch_fd = write_fd
+        except OSError:
+            os.close(write_fd)     # no watcher: the next kit command is still the net
+        finally:
+            os.close(read_fd)
+
+    def _stand_down(self) -> None:
+        """Tell the watcher the kit released the lease itself, and reap it."""
+        if self._watcher is None:
+            return
+        try:
+            os.write(self._watch_fd, RELEASED)
+        except OSError:
+            pass
+        os.close(self._watch_fd)
+        try:
+            self._watcher.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._watcher.kill()
+            self._watcher.wait()
+        self._watcher = self._watch_fd = None
+
+    def release(self, grace_s: float = GRACE_S) -> list[str]:
         """Stop whatever the run's resources left running; remove the lease. Returns what was stopped."""
-        stopped = stop_resources(self.doc["resources"])
+        stopped = stop_resources(self.doc["resources"], grace_s)
+        self._stand_down()
         if self.path is not None:
             self.path.unlink(missing_ok=True)
             if os.environ.get(LEASE_ENV) == self.doc["resources"][0]["marker"].split("=", 1)[1]:
@@ -169,13 +218,13 @@ class Lease:
         return stopped
 
 
-def stop_resources(resources: list[dict]) -> list[str]:
+def stop_resources(resources: list[dict], grace_s: float = GRACE_S) -> list[str]:
     """Stop each resource a lease names (never raises: one that cannot be stopped is said so)."""
     done = []
     for res in resources:
         try:
             if res["kind"] == "processes":
-                n = stop_marked(res["marker"])
+                n = stop_marked(res["marker"], grace_s)
                 if n:
                     done.append(f"{n} process(es) of {res['what']}")
             elif res["kind"] == "container":
@@ -214,3 +263,27 @@ def reap_stale(workspace: Path) -> list[tuple[str, list[str]]]:
             continue        # another host's run, or a run still going
         out.append((str(doc.get("run_id")), Lease(path, doc).release()))
     return out
+
+
+def watch(lease_path: str, fd: str, owner_pid: str, owner_start: str) -> None:
+    """The watcher's body (its own process, started by ``Lease.add``): wait until the kit that holds
+    the lease either says it released it (then exit) or dies (then release it, as the next kit
+    command would, with a shorter grace). The kit's death shows as the pipe's end without a word, or
+    as a new parent (a forked child of the kit could keep the pipe open)."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    read_fd, owner = int(fd), int(owner_pid)
+    while os.getppid() == owner:
+        ready, _, _ = select.select([read_fd], [], [], WATCH_POLL_S)
+        if ready:
+            if os.read(read_fd, len(RELEASED)):
+                return                      # the kit released the lease itself
+            break                           # end of pipe: the kit is gone
+    path = Path(lease_path)
+    try:
+        doc = read_json_file(path)
+        if doc["owner"]["pid"] != owner or str(doc["owner"]["start"]) != owner_start:
+            return                          # not this kit's lease any more
+    except (KitError, KeyError, TypeError):
+        return                              # already released (by the next kit command)
+    Lease(path, doc).release(WATCH_GRACE_S)

@@ -24,6 +24,8 @@ from kit.runtimes.leases import LEASES_DIR, marked_pids
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN_ENV = "RLK_FAULT_TEST_TOKEN"
+# runtimes that start something a lease names (a Ray head, a container): a watcher stops it when the kit dies
+WATCHED = ("ray-head", "docker")
 
 
 @dataclass
@@ -36,6 +38,8 @@ class FaultRun:
     held: bool = False
     tracebacks: int = 0
     orphans_after_signal: int = 0          # processes and containers of the run right after it ended
+    orphans_10s_after_kill: int | None = None   # ... 10 s after a SIGKILL, no kit command run (the lease's watcher)
+    seconds_to_clean: float | None = None  # how long after a SIGKILL the last of them went
     orphans_after_next: int = 0            # ... after the next command (kit run / kit doctor) in the workspace
     sealed: bool = False
     seal_verifies: bool | None = None
@@ -51,11 +55,15 @@ class FaultRun:
         return out | {"signal": self.sig.name}
 
 
-def count_left(token: str, run_id: str, said: list[str] | None = None, temp_dirs: tuple[str, ...] = ()) -> int:
-    """How many processes carrying the test's token or holding a file in the run's Ray temp dirs
-    (a process that set its title shows no environment) and containers of the run are left; each
-    one is described into ``said`` (pid, state, whether it holds a lease marker, command line)."""
+def count_left(token: str, run_id: str, said: list[str] | None = None, temp_dirs: tuple[str, ...] = (),
+               markers: tuple[str, ...] = ()) -> int:
+    """How many processes carrying the test's token or one of the lease's ``markers``, or holding a file
+    in the run's Ray temp dirs (a process that set its title shows no environment), and containers of
+    the run are left; each one is described into ``said`` (pid, state, whether it holds a lease marker,
+    command line)."""
     pids = set(marked_pids(f"{TOKEN_ENV}={token}")) | set(_holders(temp_dirs))
+    for marker in markers:
+        pids |= set(marked_pids(marker))
     alive = [p for p in sorted(pids) if _state(p) not in ("Z", None)]
     names = subprocess.run(["docker", "ps", "-aq", "--filter", f"name=^rlk-run-{run_id}$"], capture_output=True,
                            text=True).stdout.split() if _docker_present() else []
@@ -81,12 +89,29 @@ def _holders(paths: tuple[str, ...]) -> list[int]:
     return out
 
 
-def _temp_dirs(lease: Path) -> tuple[str, ...]:
-    """The temp dirs a run's lease names (the local Ray head's), read before the next command removes it."""
+def _lease_names(lease: Path, kind: str, key: str) -> tuple[str, ...]:
+    """What a run's lease names of one kind (the local Ray head's temp dir, the process markers), read
+    while the run is held, before anything removes the lease."""
     try:
-        return tuple(r["path"] for r in json.loads(lease.read_text())["resources"] if r.get("kind") == "temp-dir")
+        return tuple(r[key] for r in json.loads(lease.read_text())["resources"] if r.get("kind") == kind)
     except (OSError, ValueError, KeyError):
         return ()
+
+
+def wait_clean(token: str, run_id: str, temp_dirs: tuple[str, ...], markers: tuple[str, ...],
+               within_s: float = 10.0, said: list[str] | None = None) -> tuple[int, float | None]:
+    """Poll until nothing of the run is left or ``within_s`` passed: (how many are left, seconds it took)."""
+    started = time.monotonic()
+    while True:
+        left = count_left(token, run_id, temp_dirs=temp_dirs, markers=markers)
+        took = time.monotonic() - started
+        if left == 0:
+            return 0, round(took, 1)
+        if took > within_s:
+            if said is not None:
+                count_left(token, run_id, said, temp_dirs, markers)
+            return left, None
+        time.sleep(0.2)
 
 
 def _describe(pid: int) -> str:
@@ -149,6 +174,8 @@ def fault_run(ws: Path, runtime: str, point: str, sig: signal.Signals, *, image:
     reader = threading.Thread(target=read_stderr, daemon=True)
     reader.start()
     result.held = held.wait(hold_timeout_s)
+    lease = ws / LEASES_DIR / f"{run_id}.json"
+    temp_dirs, markers = _lease_names(lease, "temp-dir", "path"), _lease_names(lease, "processes", "marker")
     if sig == signal.SIGINT:
         os.killpg(proc.pid, signal.SIGINT)       # Ctrl-C reaches the whole foreground group
     else:
@@ -164,6 +191,10 @@ def fault_run(ws: Path, runtime: str, point: str, sig: signal.Signals, *, image:
     result.stderr_tail = stderr.strip().splitlines()[-6:]
     result.tracebacks = (stdout + stderr).count("Traceback")
     result.orphans_after_signal = count_left(token, run_id)
+    if sig == signal.SIGKILL and runtime in WATCHED:
+        # no kit command yet: what the lease's watcher left within 10 s
+        result.orphans_10s_after_kill, result.seconds_to_clean = wait_clean(token, run_id, temp_dirs, markers,
+                                                                            said=result.left)
     run_dir = ws / E.RUNS_DIR / run_id
     result.sealed = (run_dir / E.SEAL).exists()
     claimed_sealed = any(line.startswith("sealed ") for line in stdout.splitlines())
@@ -177,7 +208,6 @@ def fault_run(ws: Path, runtime: str, point: str, sig: signal.Signals, *, image:
         result.orphans_after_next = result.orphans_after_signal
         result.seconds = round(time.monotonic() - started, 1)
         return result
-    temp_dirs = _temp_dirs(ws / LEASES_DIR / f"{run_id}.json")
     if runtime == "local":
         result.next_command = "kit run"
         nxt = subprocess.run([sys.executable, "-m", "kit", "run", "--arm", "smoke", "--rollouts", "1", "--run-id",
@@ -193,7 +223,7 @@ def fault_run(ws: Path, runtime: str, point: str, sig: signal.Signals, *, image:
         checks = {c["name"]: c for c in json.loads(nxt.stdout)["checks"]}
         result.next_said = checks["runs.leftovers"]["reason"]
     result.tracebacks += nxt.stderr.count("Traceback")
-    result.orphans_after_next = count_left(token, run_id, result.left, temp_dirs)
+    result.orphans_after_next = count_left(token, run_id, result.left, temp_dirs, markers)
     assert not list((ws / LEASES_DIR).glob(f"{run_id}.json")), "the lease outlived the next command"
     result.seconds = round(time.monotonic() - started, 1)
     return result

@@ -1,8 +1,9 @@
 """Fault runs of `kit run` itself: SIGKILL, SIGINT and SIGTERM at named points (held there with
 KIT_TEST_HOLD_AT, the signal sent from outside) of the local runtime, the local Ray head and the docker
 runtime. Each: no traceback, no false "sealed", a seal that exists verifies, nothing left running once
-the run ended by SIGINT/SIGTERM, and after SIGKILL nothing left once the next `kit run` or `kit doctor`
-acted on the run's lease. A read-only run root is one line, exit 2, nothing started."""
+the run ended by SIGINT/SIGTERM; after SIGKILL of a run that started a Ray head or a container, nothing
+left 10 s later with no kit command run (the lease's watcher), and after any SIGKILL nothing left once
+the next `kit run` or `kit doctor` acted on the run's lease. A read-only run root is one line, exit 2, nothing started."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from kit.evidence import bundle as E
 from kit.evidence.audit import verify_run_dir
 from kit.model.holds import POINTS
 
-from run_faults import REPO, fault_run, record_figure
+from run_faults import REPO, WATCHED, fault_run, record_figure
 
 KILL, INT, TERM = signal.SIGKILL, signal.SIGINT, signal.SIGTERM
 # Every hold point once or more (with 2 cores, CI pays ~4 minutes for the lot): SIGKILL where only the
@@ -41,6 +42,9 @@ def check(result) -> None:
         assert result.exit_code in (0, 130), (result.exit_code, tail)
         assert result.sealed == (result.exit_code == 0), tail
         assert result.orphans_after_signal == 0, f"{result.orphans_after_signal} processes/containers left"
+    if result.sig == KILL and result.runtime in WATCHED:
+        assert result.orphans_10s_after_kill == 0, (f"{result.orphans_10s_after_kill} left 10 s after SIGKILL: "
+                                                    + "; ".join(result.left))
     if result.sealed:
         assert result.seal_verifies
     assert result.orphans_after_next == 0, (f"{result.orphans_after_next} left after {result.next_command} "

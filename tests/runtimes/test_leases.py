@@ -94,3 +94,65 @@ def test_a_child_that_shows_no_marker_is_stopped_with_its_marked_parent():
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
+
+
+# A stand-in for the kit: takes a lease, names a marked sleeper in it and starts it, then waits to be
+# killed (or, with "release", releases the lease itself and exits).
+OWNER = """
+import os, subprocess, sys, time
+from pathlib import Path
+from kit.runtimes.leases import Lease
+lease = Lease.take(Path(sys.argv[1]), "watched")
+name, value = sys.argv[2].split("=", 1)
+lease.add({"kind": "processes", "marker": sys.argv[2], "what": "a sleeper"})
+sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={**os.environ, name: value},
+                           start_new_session=True)
+print(sleeper.pid, lease._watcher.pid, flush=True)
+if sys.argv[3] == "release":
+    time.sleep(1.5)                      # the watcher must not fire while the kit lives
+    print("alive" if sleeper.poll() is None else "stopped", flush=True)
+    lease.release(grace_s=2)
+    print(lease._watcher is None, flush=True)
+else:
+    time.sleep(120)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_killed_owners_watcher_stops_what_its_lease_names_and_removes_it(tmp_path):
+    marker = f"KIT_TEST_LEASE={uuid.uuid4().hex}"
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path), marker, "kill"], stdout=subprocess.PIPE,
+                             text=True)
+    sleeper, watcher = map(int, owner.stdout.readline().split())
+    try:
+        assert not _gone(watcher) and not _gone(sleeper)
+        owner.kill()
+        owner.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (_gone(sleeper) and _gone(watcher)):
+            time.sleep(0.1)
+        assert _gone(sleeper), "the watcher did not stop the lease's process within 10 s"
+        assert _gone(watcher), "the watcher outlived its cleanup"
+        assert not (tmp_path / "leases" / "watched.json").exists()
+    finally:
+        for pid in (sleeper, watcher):
+            if not _gone(pid):
+                os.kill(pid, 9)
+
+
+def test_a_watcher_stands_down_when_its_owner_releases_the_lease(tmp_path):
+    marker = f"KIT_TEST_LEASE={uuid.uuid4().hex}"
+    owner = subprocess.run([sys.executable, "-c", OWNER, str(tmp_path), marker, "release"], capture_output=True,
+                           text=True, timeout=60)
+    assert owner.returncode == 0, owner.stderr
+    pids, fired, reaped = owner.stdout.split("\n")[:3]
+    sleeper, watcher = map(int, pids.split())
+    assert fired == "alive" and reaped == "True"       # not fired during the run; waited for, so no zombie
+    assert _gone(sleeper) and _gone(watcher)
+    assert not (tmp_path / "leases" / "watched.json").exists()

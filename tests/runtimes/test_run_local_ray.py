@@ -77,3 +77,14 @@ def test_token_auth_in_the_environment_reaches_the_local_head(tmp_path):
                  "--allow-dirty", "--run-id", "with-token", env={"RAY_AUTH_MODE": "token", "HOME": str(home)})
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert run_kit("verify", str(tmp_path / "ws" / "runs" / "with-token")).returncode == 0
+
+
+@pytest.mark.ray
+def test_an_exported_ray_address_that_answers_nothing_does_not_redirect_the_kits_own_head(tmp_path):
+    # most Ray hosts export RAY_ADDRESS; Ray's SDK prefers it to the address it is given
+    proc = run_kit("run", "--arm", "smoke", "--ray-head", "--rollouts", "2", "--workspace", str(tmp_path),
+                   "--allow-dirty", "--run-id", "exported-1", env={"RAY_ADDRESS": "http://127.0.0.1:1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    manifest = json.loads((tmp_path / "runs" / "exported-1" / "manifest.json").read_text())
+    assert manifest["ray_job"]["submission_id"] == "rlk-exported-1"
