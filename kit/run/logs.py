@@ -67,6 +67,11 @@ class SignalFlag:
 
     def _handle(self, signum, frame):
         self.received = signum
+        # A flag inside another (a run inside a suite) passes the signal out too: a SIGTERM that lands
+        # while the run seals must still stop the suite before its next arm.
+        outer = self._old.get(signum)
+        if isinstance(getattr(outer, "__self__", None), SignalFlag):
+            outer(signum, frame)
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():

@@ -230,6 +230,26 @@ def test_ctrl_c_stops_the_suite_and_writes_the_partial_summary(tmp_path):
     assert "INTERRUPTED" in out
 
 
+def test_sigterm_just_after_an_arm_sealed_stops_the_suite_before_the_next_arm(tmp_path):
+    # held once the first arm's run has sealed (KIT_TEST_HOLD_AT=sealed), still inside kit run: the signal
+    # lands on the run's own flag, and the suite must stop all the same (it went on once, and said "complete")
+    env = dict(os.environ, KIT_WORKSPACE=str(tmp_path), KIT_TEST_HOLD_AT="sealed")
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "suite", "module", "--suite-id", "t4", "--rollouts", "2",
+                             "--stack", "smoke", "--allow-dirty"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = ""
+    while "test hold at sealed" not in line:
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None, "the suite ended without holding"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err
+    summary = json.loads((tmp_path / "suites" / "t4" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["exit_code"] == 130 and proc.returncode == 130, out + err
+    assert [a["verdict"] for a in summary["arms"]] == ["passed"] + ["not_run"] * 7
+    assert not (tmp_path / "runs" / "t4-smoke-m100").exists()
+
+
 # --- pure rules ------------------------------------------------------------------------------------
 
 BASES = [MatrixBase("consistency", "", "vime-current", "vime"), MatrixBase("smoke", "smoke-", "smoke", "smoke")]
