@@ -85,7 +85,14 @@ def read_bundle(path: Path, flag: str = "--model-signature") -> dict:
 def bundle_digests(bundle: dict, public_key) -> tuple[dict[str, str], list[str], list[str]]:
     """``(digests, ignore_paths, problems)`` of a key-mode bundle checked with ``public_key``: the signature
     over the DSSE PAE, the statement's type, predicate and root digest. Digests are empty when a problem
-    means its list cannot be trusted."""
+    means its list cannot be trusted; a bundle of any other shape is a problem, never an exception."""
+    try:
+        return _bundle_digests(bundle, public_key)
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError, binascii.Error) as exc:
+        return {}, [], [f"not a model-signing bundle of the expected shape ({type(exc).__name__}: {exc})"]
+
+
+def _bundle_digests(bundle: dict, public_key) -> tuple[dict[str, str], list[str], list[str]]:
     if algorithm_of(public_key) != ECDSA_P256:
         return {}, [], ["model signing's key mode signs with ECDSA keys; --key must be an ECDSA P-256 public key "
                         "(kit keys new --type ecdsa-p256)"]
@@ -134,6 +141,8 @@ def bundle_digests(bundle: dict, public_key) -> tuple[dict[str, str], list[str],
         return {}, [], ["the subject's digest is not the sha256 over the resources' digests: the statement is inconsistent"]
     if len(resources) != len(order):
         return {}, [], ["a resource is listed twice"]
+    if not all(isinstance(n, str) and isinstance(d, str) for n, d in resources.items()):
+        return {}, [], ["a resource's name or digest is not a string"]
     return resources, [str(p) for p in serialization.get("ignore_paths") or []], []
 
 

@@ -11,6 +11,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import run_kit, run_manifest, seal_test_run
 from kit.evidence import bundle as E
@@ -192,3 +193,50 @@ def test_in_toto_export_of_a_seal_v4_run_is_its_signed_attestation(tmp_path):
     statement = json.loads(out.read_text())
     envelope = json.loads((run_dir / ATTESTATION).read_text())
     assert statement == json.loads(base64.b64decode(envelope["payload"])) and statement["predicateType"] == PREDICATE_TYPE
+
+
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.text(max_size=12))
+_json = st.recursive(_leaf, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                     st.dictionaries(st.text(max_size=8), inner, max_size=3)), max_leaves=12)
+_FUZZ_KEY = {}
+
+
+def _fuzz_key():
+    if not _FUZZ_KEY:
+        from cryptography.hazmat.primitives.asymmetric import ec
+        _FUZZ_KEY["key"] = ec.generate_private_key(ec.SECP256R1())
+    return _FUZZ_KEY["key"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(where=st.sampled_from([(), ("dsseEnvelope",), ("verificationMaterial",), ("verificationMaterial", "publicKey"),
+                              ("dsseEnvelope", "signatures"), ("dsseEnvelope", "payload"), ("dsseEnvelope", "payloadType")]),
+       value=_json, statement=st.one_of(st.none(), _json, st.sampled_from(["subject", "predicate", "serialization",
+                                                                            "resources", "predicateType"])))
+def test_any_bundle_shape_is_a_verdict_never_an_exception(where, value, statement):
+    """A bundle edited anywhere, or a validly signed statement of any shape: bundle_digests names a problem
+    (or returns string digests), and never raises."""
+    key = _fuzz_key()
+    doc = model_statement("d", {"a": "11" * 32}, ["model.sig"])
+    if statement in ("subject", "predicateType"):
+        doc[statement] = value
+    elif statement in ("predicate",):
+        doc["predicate"] = value
+    elif statement in ("serialization", "resources"):
+        doc["predicate"][statement] = value
+    elif statement is not None:
+        doc = statement
+    payload = json.dumps(doc).encode()
+    from kit.evidence.signing import pae, sign_bytes
+    bundle = sign_digests("d", {"a": "11" * 32}, ["model.sig"], key)
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(payload).decode()
+    bundle["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(
+        sign_bytes(key, pae("application/vnd.in-toto+json", payload))).decode()
+    if where:
+        target = bundle
+        for part in where[:-1]:
+            target = target[part]
+        target[where[-1]] = value
+    digests, ignored, problems = bundle_digests(bundle, key.public_key())
+    assert problems or (all(isinstance(k, str) and isinstance(v, str) for k, v in digests.items())
+                        and all(isinstance(p, str) for p in ignored))
