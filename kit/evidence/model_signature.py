@@ -100,7 +100,11 @@ def _bundle_digests(bundle: dict, public_key) -> tuple[dict[str, str], list[str]
     if bundle.get("mediaType") != BUNDLE_MEDIA_TYPE:
         problems.append(f"mediaType {bundle.get('mediaType')!r}, a model-signing bundle has {BUNDLE_MEDIA_TYPE!r}")
     envelope = bundle["dsseEnvelope"]
-    hint = ((bundle.get("verificationMaterial") or {}).get("publicKey") or {}).get("hint")
+    material = bundle.get("verificationMaterial") or {}
+    if any(k in material for k in ("certificate", "x509CertificateChain")):
+        return {}, [], ["a keyless (Sigstore certificate) bundle: check it with model_signing verify sigstore "
+                        "--identity ... --identity_provider ...; kit verify reads key-mode bundles (docs/evidence.md)"]
+    hint = (material.get("publicKey") or {}).get("hint")
     if hint and hint != key_hint(public_key):
         problems.append(f"signed by key {str(hint)[:16]}, not by the --key {key_hint(public_key)[:16]} "
                         "(key hints: sha256 of the PEM public key)")

@@ -109,6 +109,9 @@ def test_model_signature_bundles_refuse_edits_and_other_keys(tmp_path):
     statement = model_statement("d", {"a": "33" * 32, "b/c": "22" * 32}, ["model.sig"])
     edited["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
     assert "does not match its payload" in bundle_digests(edited, load_public_key(public))[2][0]
+    keyless = json.loads(json.dumps(bundle))
+    keyless["verificationMaterial"] = {"certificate": {"rawBytes": "MII="}, "tlogEntries": []}
+    assert "model_signing verify sigstore" in bundle_digests(keyless, load_public_key(public))[2][0]
     ed_private, _ = keys(tmp_path, "ed", "ed25519")
     with pytest.raises(BadInput, match="ECDSA P-256"):
         sign_digests("d", {}, [], load_private_key(ed_private))
