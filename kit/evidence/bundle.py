@@ -231,9 +231,11 @@ def manifest_lock_sha256(path: Path) -> str | None:
     return lock.get("sha256") if isinstance(lock, dict) else None
 
 
-def build_seal(run_dir: Path, *, run_id: str, validation_passed: bool, gate_set_version: str) -> dict:
+def build_seal(run_dir: Path, *, run_id: str, validation_passed: bool, gate_set_version: str,
+               hashed: dict[str, tuple[str, int]] | None = None) -> dict:
     """The v3 seal of a run dir as its files are now (modes as they will be once made read-only), with the
-    lock sha256 its manifest names (run-manifest/v2 ``lock``; None for an older manifest or no lock)."""
+    lock sha256 its manifest names (run-manifest/v2 ``lock``; None for an older manifest or no lock).
+    ``hashed``: ``{path: (sha256, size)}`` already computed for files made read-only since (not hashed again)."""
     run_dir = Path(run_dir)
     listing = walk_run_dir(run_dir, skip=(SEAL,))
     if listing.refused:
@@ -243,7 +245,8 @@ def build_seal(run_dir: Path, *, run_id: str, validation_passed: bool, gate_set_
     for required in (MANIFEST, VALIDATION):
         if required not in paths:
             raise CheckFailed(f"{run_dir}: no {required}; only a run with a manifest and a validation report is sealed")
-    hashed = hash_artifacts(run_dir, paths)
+    known = {p: v for p, v in (hashed or {}).items() if p in listing.files and listing.files[p].size == v[1]}
+    hashed = {**known, **hash_artifacts(run_dir, [p for p in paths if p not in known])}
     artifacts = [{"path": p, "sha256": hashed[p][0], "size": hashed[p][1],
                   "mode": f"0{listing.files[p].mode & READ_ONLY_MASK:03o}"} for p in paths]
     seal = {
@@ -284,11 +287,13 @@ def seal_run_dir(run_dir: Path, *, run_id: str, validation_passed: bool, gate_se
         for name in SIGNATURE_FILES:      # reserved names: left by a sealing that was killed, made again below
             (run_dir / name).unlink(missing_ok=True)
         paths = [p for p in artifact_paths(run_dir) if not p.startswith(SEAL_TMP_PREFIX)]
+        hashed = None
         if private_key is not None and MANIFEST in paths and VALIDATION in paths:
-            digests = {p: d for p, (d, _) in hash_artifacts(run_dir, paths).items()}
-            write_run_attestations(run_dir, digests, private_key, run_id=run_id, validation_passed=validation_passed,
-                                   gate_set_version=gate_set_version)
-        seal = build_seal(run_dir, run_id=run_id, validation_passed=validation_passed, gate_set_version=gate_set_version)
+            hashed = hash_artifacts(run_dir, paths)      # the files are read-only now: the seal reuses these
+            write_run_attestations(run_dir, {p: d for p, (d, _) in hashed.items()}, private_key, run_id=run_id,
+                                   validation_passed=validation_passed, gate_set_version=gate_set_version)
+        seal = build_seal(run_dir, run_id=run_id, validation_passed=validation_passed, gate_set_version=gate_set_version,
+                          hashed=hashed)
         if private_key is not None:
             if algorithm_of(private_key) == ECDSA_P256:
                 seal["schema"] = SEAL_SCHEMA_ECDSA
