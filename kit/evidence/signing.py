@@ -49,9 +49,19 @@ def key_id(raw_public: bytes) -> str:
 
 
 def _read_key_bytes(path: Path, what: str, flag: str) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(64 * 1024 + 1)          # a key is a few hundred bytes; never read a device whole
+    import os
+    import stat
+
+    try:      # a key is a few hundred bytes of a regular file: never block on a FIFO or read a device whole
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise BadInput(f"{flag} {path}: not a regular file (a FIFO, device or directory); give the {what} file")
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                raw = fh.read(64 * 1024 + 1)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise BadInput(f"{flag} {path}: cannot read the {what} ({exc.strerror or exc})") from None
     if len(raw) > 64 * 1024:
