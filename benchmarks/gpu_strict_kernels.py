@@ -102,13 +102,14 @@ def _p_norm(x, w, eps):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
-def attention(impl, L, x, pos, kcache, vcache, normed=None):
+def attention(impl, L, x, pos, kcache, vcache, normed=None, residual=None):
     """x [B, T, H] at positions pos [B, T]; writes K/V at pos into the caches [B, Hkv, cap, D];
     attends keys 0..pos. Returns [B, T, H] (bf16). ``impl``: "R" strict (q/k norm, RoPE, scale and
     head split in one strict kernel), "R0" strict with that glue as eager ops (round 3; the same
     bits), "P" eager production,
     "P+" the fair production baseline (``normed``: P+ only, the input already normed by a fused
-    residual-add norm)."""
+    residual-add norm). ``residual`` (R, R0): returns ``residual + attention`` with the residual
+    add in the shard tree's kernel (the bits of the eager add)."""
     import torch
     import torch.nn.functional as F
     from rlk_kernels.gpu import triton_attention, triton_gemm, triton_pointwise
@@ -157,6 +158,8 @@ def attention(impl, L, x, pos, kcache, vcache, normed=None):
     if impl in ("R", "R0"):
         core = triton_attention.attention(q, kc, vc, pos)
         attn = core.transpose(1, 2).reshape(b * t, c, L.nq).transpose(0, 1)    # [S, M, K/S] view
+        if residual is not None:
+            return triton_gemm.shard_matmul_tree(attn, L.r_o, residual=residual.reshape(b * t, h)).view(b, t, h)
         o = triton_gemm.shard_matmul_tree(attn, L.r_o).to(torch.bfloat16)
     else:
         causal = t > 1
@@ -182,7 +185,7 @@ def _attention_plus(L, x, pos, kcache, vcache, normed=None):
 BACKEND_CHOICE: dict = {}        # (batch, tokens, cache length) -> the fastest SDPA backend measured
 
 
-def ffn(impl, L, x, normed=None):
+def ffn(impl, L, x, normed=None, residual=None):
     import torch
     import torch.nn.functional as F
     from rlk_kernels.gpu import triton_gemm, triton_pointwise
@@ -196,6 +199,8 @@ def ffn(impl, L, x, normed=None):
     if impl in ("R", "R0"):
         n = triton_pointwise.rms_norm(rows, L.w["post_norm"], cfg.norm_eps)
         act = triton_gemm.shard_swiglu(n, L.r_gu, L.per)
+        if residual is not None:                 # residual + FFN, the add in the shard tree's kernel
+            return triton_gemm.shard_matmul_tree(act, L.r_down, residual=residual.reshape(-1, cfg.hidden)).view(shape)
         out = triton_gemm.shard_matmul_tree(act, L.r_down).to(torch.bfloat16)
     else:
         gu = F.linear(_p_norm(rows, L.w["post_norm"], cfg.norm_eps), L.p_gu)
@@ -226,6 +231,9 @@ def layer(impl, L, x, pos, kcache, vcache):
         a = attention("P+", L, x, pos, kcache, vcache)
         n, h = fb.fused_add_rms_norm(a, x, L.w["post_norm"], L.cfg.norm_eps)
         return h + ffn("P+", L, h, normed=n)
+    if impl in ("R", "R0"):       # the residual adds in the shard trees' kernels (the same bits)
+        h = attention(impl, L, x, pos, kcache, vcache, residual=x)
+        return ffn(impl, L, h, residual=h)
     h = x + attention(impl, L, x, pos, kcache, vcache)
     return h + ffn(impl, L, h)
 
@@ -347,6 +355,14 @@ def invariance_at_scale(L):
     results["fused_glue_equals_eager_glue"] = (
         _same(layer("R", L, xs, pos_all, kc, vc), layer("R0", L, xs, pos_all, kc, vc))
         and _same(layer("R", L, step_x, step_pos, kc3, kc3.clone()), layer("R0", L, step_x, step_pos, kc3, kc3.clone())))
+    # the residual adds fused into the shard trees against the eager adds (prefill and decode rows)
+    def unfused(xx, pp, kk, vv):
+        hh = xx + attention("R", L, xx, pp, kk, vv)
+        return hh + ffn("R", L, hh)
+    results["fused_residual_equals_eager_residual"] = (
+        _same(layer("R", L, xs[:, :4096], pos_all[:, :4096], kc[:, :, :4096], vc[:, :, :4096]),
+              unfused(xs[:, :4096], pos_all[:, :4096], kc[:, :, :4096], vc[:, :, :4096]))
+        and _same(layer("R", L, step_x, step_pos, kc3, kc3.clone()), unfused(step_x, step_pos, kc3, kc3.clone())))
     # the certified cuBLAS GEMMs against the strict Triton GEMMs: a whole layer, byte for byte
     results["vendor_gemm_layer_equals_triton_gemm_layer"] = all(
         _same(layer("R", L, xs[:, :n], pos_all[:, :n], kc[:, :, :n], vc[:, :, :n]),

@@ -308,9 +308,11 @@ def shard_swiglu(x, w_shards, per: int, out_dtype=None, fused: bool | None = Non
 
 
 @triton.jit(do_not_specialize=["n"])
-def _tree_kernel(p_ptr, o_ptr, n, SHARDS: tl.constexpr, BLOCK: tl.constexpr):
+def _tree_kernel(p_ptr, o_ptr, r_ptr, n, SHARDS: tl.constexpr, BLOCK: tl.constexpr, RESIDUAL: tl.constexpr):
     # the partials [SHARDS, n] (fp32) added in the fixed tree ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)):
-    # element-wise, so the same fp32 additions as one torch add per tree level
+    # element-wise, so the same fp32 additions as one torch add per tree level. With RESIDUAL the
+    # sum is rounded to the residual's dtype and added to it in fp32, rounded once more: the bits of
+    # ``residual + tree.to(residual.dtype)`` in eager torch, in one pass instead of three
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
     a = tl.load(p_ptr + i, mask=ok, other=0.0) + tl.load(p_ptr + n + i, mask=ok, other=0.0)
@@ -320,16 +322,24 @@ def _tree_kernel(p_ptr, o_ptr, n, SHARDS: tl.constexpr, BLOCK: tl.constexpr):
         b = tl.load(p_ptr + 4 * n + i, mask=ok, other=0.0) + tl.load(p_ptr + 5 * n + i, mask=ok, other=0.0)
         b = b + (tl.load(p_ptr + 6 * n + i, mask=ok, other=0.0) + tl.load(p_ptr + 7 * n + i, mask=ok, other=0.0))
         a = a + b
+    if RESIDUAL:
+        res = tl.load(r_ptr + i, mask=ok, other=0.0)
+        a = (res.to(tl.float32) + a.to(res.dtype).to(tl.float32)).to(o_ptr.dtype.element_ty)
     tl.store(o_ptr + i, a, mask=ok)
 
 
-def tree_reduce_shards(partials):
+def tree_reduce_shards(partials, residual=None):
     """Fixed pairwise tree over dim 0 (1, 2, 4 or 8 fp32 partials): one kernel for the whole tree
     (the same additions as one element-wise add per tree level; a decode step saves 2 launches
-    per row-parallel product)."""
+    per row-parallel product). ``residual`` (the shape of one partial): returns
+    ``residual + tree.to(residual.dtype)`` with the bits of those eager ops, in the same kernel."""
     import torch
 
     shards = partials.shape[0]
+    fused = residual is not None and shards in (2, 4, 8) and partials.dtype == torch.float32 \
+        and residual.dtype in (torch.bfloat16, torch.float16) and tuple(residual.shape) == tuple(partials.shape[1:])
+    if residual is not None and not fused:
+        return residual + tree_reduce_shards(partials).to(residual.dtype)
     if shards == 1:
         return partials[0]
     if shards not in (2, 4, 8) or partials.dtype != torch.float32:
@@ -337,21 +347,23 @@ def tree_reduce_shards(partials):
             partials = partials[0::2] + partials[1::2]
         return partials[0]
     flat = partials.contiguous()
-    out = torch.empty(flat.shape[1:], dtype=torch.float32, device=flat.device)
+    res = residual.contiguous() if fused else flat
+    out = torch.empty(flat.shape[1:], dtype=residual.dtype if fused else torch.float32, device=flat.device)
     n = out.numel()
     if n:
-        _tree_kernel[(-(-n // TREE_BLOCK),)](flat, out, n, SHARDS=shards, BLOCK=TREE_BLOCK, num_warps=4,
-                                             enable_fp_fusion=False)
+        _tree_kernel[(-(-n // TREE_BLOCK),)](flat, out, res, n, SHARDS=shards, BLOCK=TREE_BLOCK, RESIDUAL=fused,
+                                             num_warps=4, enable_fp_fusion=False)
     return out
 
 
-def shard_matmul_tree(x, w_shards, *, flat: bool | None = None, config=None, vendor: bool = True):
+def shard_matmul_tree(x, w_shards, *, flat: bool | None = None, config=None, vendor: bool = True, residual=None):
     """fp32 ``tree_s(x[s] @ w[s])`` [M, N] for ``x`` [S, M, K] and ``w_shards`` [S, K, N], S in 1, 2, 4, 8.
     Above :data:`SMALL_ROWS` rows ``flat`` (default :data:`FLAT_TREE`) takes the one-loop kernel
     where ``BK`` divides K (``config``: its launch, default :data:`FLAT_TREE_CONFIG`). With ``vendor``
     (and not ``flat``) the per-shard partials come from cuBLAS where this process certified them
     equal to the strict kernel's (:func:`vendor_gemm.partials`), reduced by :func:`tree_reduce_shards`.
-    Every choice gives the same bits."""
+    Every choice gives the same bits. ``residual`` [M, N] (bf16): returns ``residual +
+    tree.to(bf16)`` (the same bits as those eager ops; fused into the tree kernel where it runs)."""
     import torch
 
     x, w = _operands(x, w_shards)
@@ -363,9 +375,11 @@ def shard_matmul_tree(x, w_shards, *, flat: bool | None = None, config=None, ven
         from rlk_kernels.gpu import vendor_gemm
         parts = vendor_gemm.partials(x, w)                                # certified cuBLAS partials
         if parts is not None:
-            return tree_reduce_shards(parts)
+            return tree_reduce_shards(parts, residual)
     if rows <= SMALL_ROWS:
-        return tree_reduce_shards(shard_matmul(x, w, out_dtype=torch.float32))
+        return tree_reduce_shards(shard_matmul(x, w, out_dtype=torch.float32), residual)
+    if residual is not None:
+        return residual + shard_matmul_tree(x, w, flat=flat, config=config, vendor=vendor).to(residual.dtype)
     flat = FLAT_TREE if flat is None else flat
     bm, bn, bk, warps, stages = (config or FLAT_TREE_CONFIG) if flat else _config(rows, tree=True)
     out = torch.empty(rows, cols, dtype=torch.float32, device=x.device)

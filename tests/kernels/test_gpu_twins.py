@@ -83,6 +83,19 @@ def test_tree_kernel_equals_one_add_per_level_bitwise(shards):
     assert torch.equal(triton_gemm.tree_reduce_shards(partials).view(torch.int32), levels[0].view(torch.int32))
 
 
+@pytest.mark.parametrize("shards", [1, 2, 8])
+def test_tree_with_residual_is_the_residual_plus_the_rounded_tree(shards):
+    # on the GPU the bytes equal the eager ops (benchmarks/gpu_strict_kernels.py,
+    # fused_residual_equals_eager_residual); the interpreter rounds fp32 to bf16 by truncation
+    gen = torch.Generator().manual_seed(shards)
+    partials = torch.randn(shards, 5, 300, generator=gen)
+    residual = torch.randn(5, 300, generator=gen).to(torch.bfloat16)
+    out = triton_gemm.tree_reduce_shards(partials, residual)
+    ref = residual + triton_gemm.tree_reduce_shards(partials).to(torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and out.shape == residual.shape
+    torch.testing.assert_close(out.float(), ref.float(), atol=0.05, rtol=2 ** -6)
+
+
 def test_tree_refuses_non_power_of_two():
     with pytest.raises(ValueError, match="1, 2, 4 or 8"):
         triton_gemm.shard_matmul_tree(torch.randn(3, 4, 16), torch.randn(3, 16, 8))
