@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 
 from kit.evidence.files import hash_bounded, walk_run_dir
 from kit.evidence.signing import ECDSA_P256, algorithm_of, pae, public_pem, sign_bytes, verify_bytes
-from kit.model.documents import read_json_file
+from kit.model.documents import read_json_file, require_valid
 from kit.model.errors import BadInput
 
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -39,6 +39,7 @@ PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 # model_signing ignores these in every directory unless told --no-ignore-git-paths
 GIT_PATHS = (".git", ".gitattributes", ".github", ".gitignore")
 MAX_BUNDLE_BYTES = 16 << 20
+BUNDLE_SCHEMA = "rlk-kit/model-signing-bundle/v1"     # what the kit writes; it reads any key-mode bundle
 
 
 def key_hint(public_key) -> str:
@@ -67,10 +68,11 @@ def sign_digests(name: str, digests: dict[str, str], ignore_paths: list[str], pr
         raise BadInput("a model-signing signature needs an ECDSA P-256 key (kit keys new --type ecdsa-p256)")
     payload = json.dumps(model_statement(name, digests, ignore_paths), sort_keys=True).encode()
     signature = sign_bytes(private_key, pae(IN_TOTO_PAYLOAD_TYPE, payload))
-    return {"mediaType": BUNDLE_MEDIA_TYPE,
-            "verificationMaterial": {"publicKey": {"hint": key_hint(private_key.public_key())}, "tlogEntries": []},
-            "dsseEnvelope": {"payload": base64.b64encode(payload).decode(), "payloadType": IN_TOTO_PAYLOAD_TYPE,
-                             "signatures": [{"sig": base64.b64encode(signature).decode(), "keyid": ""}]}}
+    bundle = {"mediaType": BUNDLE_MEDIA_TYPE,
+              "verificationMaterial": {"publicKey": {"hint": key_hint(private_key.public_key())}, "tlogEntries": []},
+              "dsseEnvelope": {"payload": base64.b64encode(payload).decode(), "payloadType": IN_TOTO_PAYLOAD_TYPE,
+                               "signatures": [{"sig": base64.b64encode(signature).decode(), "keyid": ""}]}}
+    return require_valid(bundle, "model signature", as_schema=BUNDLE_SCHEMA)
 
 
 def read_bundle(path: Path, flag: str = "--model-signature") -> dict:

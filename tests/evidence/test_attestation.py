@@ -17,11 +17,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import run_kit, run_manifest, seal_test_run
 from kit.evidence import bundle as E
-from kit.evidence.attestation import (ATTESTATION, MODEL_SIGNATURE, PREDICATE_TYPE, run_attestation_problems,
-                                      sign_envelope)
+from kit.evidence.attestation import (ATTESTATION, MODEL_SIGNATURE, PREDICATE_TYPE, STATEMENT_SCHEMA,
+                                      run_attestation_problems, sign_envelope)
 from kit.evidence.audit import verify_run_dir
-from kit.evidence.model_signature import bundle_digests, model_statement, sign_digests
+from kit.evidence.model_signature import BUNDLE_SCHEMA, bundle_digests, model_statement, sign_digests
 from kit.evidence.signing import load_private_key, load_public_key, write_key_pair
+from kit.model.documents import schema_problems
 from kit.model.errors import BadInput
 
 
@@ -57,6 +58,7 @@ def test_a_p256_signed_run_seals_its_attestation_and_model_signature(tmp_path):
     assert {s["name"] for s in statement["subject"]} == set(listed) - {ATTESTATION, MODEL_SIGNATURE}
     assert statement["predicate"]["run_id"] == "r1" and statement["predicate"]["validation_passed"] is True
     bundle = json.loads((run_dir / MODEL_SIGNATURE).read_text())
+    assert not schema_problems(bundle, as_schema=BUNDLE_SCHEMA) and not schema_problems(statement, as_schema=STATEMENT_SCHEMA)
     signed, ignored, found = bundle_digests(bundle, load_public_key(public))
     assert not found and sorted(ignored) == ["model.sig", "seal.json"] and ATTESTATION in signed
     rc, doc = verify("--key", str(public), str(run_dir))
