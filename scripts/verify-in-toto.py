@@ -31,7 +31,7 @@ import os
 import sys
 from pathlib import Path
 
-RUN_PREDICATE = "https://rlk-kit.dev/attestation/run/v1"
+RUN_PREDICATES = ("https://rlk-kit.dev/attestation/run/v2", "https://rlk-kit.dev/attestation/run/v1")
 NOT_SUBJECTS = ("seal.json", "attestation.dsse.json", "model.sig")
 
 
@@ -111,12 +111,12 @@ def main() -> None:
     parser.add_argument("--key", type=Path, required=True, help="PEM public key of the signer (ed25519 or ECDSA P-256)")
     parser.add_argument("--dir", type=Path, help="the directory whose files the subjects name (a run dir)")
     parser.add_argument("--predicate-type", default=None,
-                        help=f"the predicate type required (default with --dir: {RUN_PREDICATE})")
+                        help=f"the predicate type required (default with --dir: one of {', '.join(RUN_PREDICATES)})")
     args = parser.parse_args()
     doc = statement_of(args.envelope, args.key.read_bytes())
-    wanted = args.predicate_type or (RUN_PREDICATE if args.dir else None)
-    if wanted and doc.get("predicateType") != wanted:
-        refuse(f"predicateType {doc.get('predicateType')!r}, expected {wanted!r}")
+    wanted = (args.predicate_type,) if args.predicate_type else (RUN_PREDICATES if args.dir else ())
+    if wanted and doc.get("predicateType") not in wanted:
+        refuse(f"predicateType {doc.get('predicateType')!r}, expected {' or '.join(wanted)}")
     count = check_dir(doc, args.dir) if args.dir else len(doc["subject"])
     print(f"VERIFIED: {args.envelope} signed by {args.key}; {count} subjects; predicate {doc['predicateType']}")
 

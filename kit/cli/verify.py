@@ -12,7 +12,8 @@ from kit.build.images import check_image, image_platform, image_stack_name, veri
 from kit.build.provenance_check import image_provenance_problems
 from kit.cli._output import emit_json
 from kit.cli.build import default_workspace
-from kit.evidence.attestation import STATEMENT_SCHEMA, add_attestation_verdict, model_signature_verdict, sealed_statement
+from kit.evidence.attestation import (STATEMENT_SCHEMA, STATEMENT_SCHEMAS, add_attestation_verdict, model_signature_verdict,
+                                      sealed_statement)
 from kit.evidence.audit import IN_TOTO_SCHEMAS, verify_run_dir, write_in_toto
 from kit.evidence.bundle import SEAL
 from kit.evidence.signing import ECDSA_P256, algorithm_of, load_public_key
@@ -117,7 +118,8 @@ def _write_in_toto(verdicts, out: Path) -> None:
         write_in_toto(seal, out)
     else:      # a newer seal: the statement is the run's sealed, signed attestation (verified above)
         out.parent.mkdir(parents=True, exist_ok=True)
-        write_new_document(out, sealed_statement(Path(runs[0].path)), schema=STATEMENT_SCHEMA)
+        statement = sealed_statement(Path(runs[0].path))
+        write_new_document(out, statement, schema=STATEMENT_SCHEMAS.get(statement.get("predicateType"), STATEMENT_SCHEMA))
     runs[0].notes.append(f"in-toto statement written to {out}")
 
 

@@ -5,9 +5,9 @@ A run sealed with a key also seals two signature files, written after its other 
 
 * ``attestation.dsse.json``: an in-toto Statement v1 in a DSSE envelope (payloadType
   ``application/vnd.in-toto+json``). Subjects: every other file of the run dir, path and sha256.
-  Predicate (type ``https://rlk-kit.dev/attestation/run/v1``, schema ``rlk-kit/run-statement/v1``):
-  the run id, gate set and verdict, lock sha256, manifest and validation hashes, and whether the run
-  ran its stack's pinned lock. Signed with the run's key (ed25519 or ECDSA P-256); any DSSE verifier
+  Predicate (type ``https://rlk-kit.dev/attestation/run/v2``, schema ``rlk-kit/run-statement/v2``):
+  the run id, gate set, each gate's status and the verdict, lock sha256, manifest and validation
+  hashes, and whether the run ran its stack's pinned lock. Signed with the run's key (ed25519 or ECDSA P-256); any DSSE verifier
   (securesystemslib, in-toto) checks it, then each subject's sha256.
 * ``model.sig`` (ECDSA P-256 keys only: model signing takes no ed25519): an OpenSSF model-signing
   bundle over every file but itself and the seal, so ``model_signing verify key RUN_DIR --signature
@@ -45,8 +45,11 @@ SIGNATURE_FILES = (ATTESTATION, MODEL_SIGNATURE)
 SEAL_NAME = "seal.json"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://rlk-kit.dev/attestation/run/v1"
-STATEMENT_SCHEMA = "rlk-kit/run-statement/v1"
+PREDICATE_TYPE = "https://rlk-kit.dev/attestation/run/v2"
+STATEMENT_SCHEMA = "rlk-kit/run-statement/v2"
+# what each predicate type's statement is validated against (v1: the same without the gates)
+STATEMENT_SCHEMAS = {"https://rlk-kit.dev/attestation/run/v1": "rlk-kit/run-statement/v1",
+                     PREDICATE_TYPE: STATEMENT_SCHEMA}
 ENVELOPE_SCHEMA = "rlk-kit/dsse-envelope/v2"
 
 
@@ -59,6 +62,9 @@ def run_statement(run_dir: Path, digests: dict[str, str], *, run_id: str, valida
                   gate_set_version: str) -> dict:
     """The in-toto statement of a run dir whose files (seal and signature files excepted) have ``digests``."""
     manifest = read_json_file(Path(run_dir) / "manifest.json")
+    report = read_json_file(Path(run_dir) / "validation.json")
+    gates = [{"id": g["id"], "status": g["status"], "problems": list(g.get("problems", []))}
+             for g in report.get("gates", []) if isinstance(g, dict)]
     lock = manifest.get("lock") if isinstance(manifest.get("lock"), dict) else {}
     stack = manifest.get("stack") if isinstance(manifest.get("stack"), dict) else {}
     identity = run_identity(manifest, run_id)
@@ -70,6 +76,7 @@ def run_statement(run_dir: Path, digests: dict[str, str], *, run_id: str, valida
                       "gate_set_version": gate_set_version, "validation_passed": validation_passed,
                       "lock_sha256": lock.get("sha256"), "manifest_sha256": digests["manifest.json"],
                       "validation_sha256": digests["validation.json"], "root_sha256": _root(digests),
+                      "gates": gates,
                       "identity": {"stack": stack.get("name"), "stack_sha256": stack.get("sha256"),
                                    "pinned": identity["pinned"], "reasons": list(identity["reasons"])}}}
     return require_valid(statement, f"{run_dir}/{ATTESTATION}", as_schema=STATEMENT_SCHEMA)
@@ -169,7 +176,9 @@ def run_attestation_problems(run_dir: Path, seal: dict, public_key=None) -> tupl
     statement, found = envelope_statement(envelope, signer)
     if statement is None:
         return [(where, m) for m in found], []
-    problems = [(f"{where}/payload{p}", m) for p, m in schema_problems(statement, as_schema=STATEMENT_SCHEMA)]
+    schema = STATEMENT_SCHEMAS.get(statement.get("predicateType") if isinstance(statement, dict) else None,
+                                   STATEMENT_SCHEMA)
+    problems = [(f"{where}/payload{p}", m) for p, m in schema_problems(statement, as_schema=schema)]
     if problems:
         return problems, []
     expected = {p: d for p, d in listed.items() if p not in SIGNATURE_FILES}
@@ -181,7 +190,16 @@ def run_attestation_problems(run_dir: Path, seal: dict, public_key=None) -> tupl
                   "validation_sha256"):
         if field in seal and predicate[field] != seal[field]:
             problems.append((f"{where}/payload/predicate/{field}", f"{predicate[field]!r}, the seal says {seal[field]!r}"))
-    notes = [f"in-toto attestation ({PREDICATE_TYPE}): {len(subjects)} subjects signed by key {key_id(public_raw(signer))[:16]}"]
+    if "gates" in predicate:
+        try:
+            report = read_json_file(run_dir / "validation.json")
+            stated = [{"id": g["id"], "status": g["status"], "problems": list(g.get("problems", []))}
+                      for g in report.get("gates", []) if isinstance(g, dict)]
+        except (KitError, KeyError, TypeError, AttributeError) as exc:
+            stated = f"unreadable ({exc})"
+        if predicate["gates"] != stated:
+            problems.append((f"{where}/payload/predicate/gates", "differ from validation.json's gates"))
+    notes = [f"in-toto attestation ({statement['predicateType']}): {len(subjects)} subjects signed by key {key_id(public_raw(signer))[:16]}"]
     if MODEL_SIGNATURE in listed:
         bundle_problems, bundle_notes = _model_signature_problems(run_dir, listed, signer)
         problems += bundle_problems

@@ -90,13 +90,15 @@ def test_an_attestation_that_disagrees_with_the_seal_is_named(tmp_path):
     statement["predicate"]["validation_passed"] = False
     forged = tmp_path / "forged"
     forged.mkdir()
-    for rel in (ATTESTATION, "manifest.json"):
+    statement["predicate"]["gates"] = [{"id": "job-succeeded", "status": "failed", "problems": []}]
+    for rel in (ATTESTATION, "manifest.json", "validation.json"):
         (forged / rel).write_text((run_dir / rel).read_text())
     (forged / ATTESTATION).write_text(json.dumps(sign_envelope(statement, load_private_key(private))))
     problems, _ = run_attestation_problems(forged, seal)
     pointers = [p for p, _ in problems]
     assert "/attestation.dsse.json/payload/subject" in pointers, problems
     assert "/attestation.dsse.json/payload/predicate/validation_passed" in pointers, problems
+    assert "/attestation.dsse.json/payload/predicate/gates" in pointers, problems
     other, _ = keys(tmp_path, "other")
     (forged / ATTESTATION).write_text(json.dumps(sign_envelope(statement, load_private_key(other))))
     problems, _ = run_attestation_problems(forged, seal)

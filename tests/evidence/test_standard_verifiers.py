@@ -90,8 +90,10 @@ def test_a_signed_run_verifies_with_model_signing_and_a_dsse_in_toto_verifier(st
     sealed = {a["path"]: a["sha256"] for a in json.loads((run_dir / E.SEAL).read_text())["artifacts"]}
     assert {s["name"]: s["digest"]["sha256"] for s in statement["subject"]} == \
         {p: d for p, d in sealed.items() if p not in (ATTESTATION, MODEL_SIGNATURE)}
-    assert statement["predicateType"] == "https://rlk-kit.dev/attestation/run/v1"
+    assert statement["predicateType"] == "https://rlk-kit.dev/attestation/run/v2"
     assert statement["predicate"]["validation_passed"] is True
+    gates = json.loads((run_dir / "validation.json").read_text())["gates"]
+    assert [g["id"] for g in statement["predicate"]["gates"]] == [g["id"] for g in gates] and gates
     proc = kit("verify", "--key", str(pub), str(run_dir))
     assert proc.returncode == 0 and "in-toto attestation" in proc.stdout, proc.stdout + proc.stderr
 
