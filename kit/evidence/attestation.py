@@ -255,3 +255,22 @@ def model_signature_verdict(directory: Path, signature: Path, public_key) -> Fil
     verdict.trust = "trusted" if not problems else "unsigned"
     verdict.status = "fail" if problems else "ok"
     return verdict
+
+
+def signature_file_redirect(doc) -> str | None:
+    """What to do instead, when ``kit verify FILE`` is given a run's attestation or a model-signing bundle
+    (each is checked with the directory it signs); None for any other document."""
+    if not isinstance(doc, dict):
+        return None
+    if isinstance(doc.get("dsseEnvelope"), dict) and "mediaType" in doc:
+        return ("a model-signing signature: check the directory it signs with kit verify --model-signature FILE "
+                "--key PUB DIR (or model_signing verify key DIR --signature FILE --public_key PUB)")
+    if doc.get("payloadType") == PAYLOAD_TYPE and isinstance(doc.get("payload"), str):
+        try:
+            predicate_type = json.loads(base64.b64decode(doc["payload"], validate=True)).get("predicateType")
+        except (ValueError, AttributeError, binascii.Error):
+            return None
+        if predicate_type in STATEMENT_SCHEMAS:
+            return ("a run's in-toto attestation: give the run dir it lies in (kit verify DIR checks it against the "
+                    "seal and every file)")
+    return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kit.build.provenance_check import is_statement, statement_problems
+from kit.evidence.attestation import signature_file_redirect
 from kit.evidence.compare import compare_arms
 from kit.evidence.provenance_signature import is_envelope, provenance_signature_problems
 from kit.evidence.signing import load_public_key
@@ -36,6 +37,10 @@ def verify_document_file(path: Path, *, public_key: Path | None = None, require_
         doc = read_json_file(path)
     except KitError as exc:
         verdict.status, verdict.problems = "unreadable", [("", str(exc).split(": ", 1)[-1])]
+        return verdict
+    redirect = signature_file_redirect(doc)
+    if redirect:                                # a run's signature file is checked with its run dir
+        verdict.status, verdict.problems = "unreadable", [("", redirect)]
         return verdict
     if is_statement(doc) or is_envelope(doc):   # an in-toto statement (or its DSSE envelope) has no 'schema' field
         return _provenance_verdict(path, doc, verdict, public_key, require_signature)

@@ -259,3 +259,11 @@ def test_a_fifo_or_device_given_as_a_key_is_refused_without_blocking(tmp_path):
         assert proc.returncode == 2 and "not a regular file" in proc.stderr, proc.stderr
     with pytest.raises(BadInput, match="not a regular file"):
         load_private_key(fifo)
+
+
+def test_a_signature_file_given_alone_points_to_its_directory(tmp_path):
+    private, _ = keys(tmp_path, "lab")
+    run_dir = make_run(tmp_path, "r1", private)
+    for name, words in ((ATTESTATION, "give the run dir"), (MODEL_SIGNATURE, "--model-signature")):
+        rc, doc = verify(str(run_dir / name))
+        assert rc == 2 and words in doc["results"][0]["problems"][0]["message"], doc
