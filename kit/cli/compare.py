@@ -16,7 +16,7 @@ from kit.model.errors import BadInput
 @click.argument("a")
 @click.argument("b")
 @click.option("--key", "public_key", type=click.Path(path_type=Path, dir_okay=False),
-              help="Runs: both seals must be signed with this ed25519 public key.")
+              help="Runs: both seals must be signed with this public key (ECDSA P-256 or ed25519 PEM; kit keys new).")
 @click.option("--require-signature", is_flag=True, help="Runs: an unsigned seal makes the comparison not controlled.")
 @click.option("--accept-gate-sets", is_flag=True, help="Runs: accept verdicts of different gate-set versions as a "
               "declared difference instead of an uncontrolled one.")
