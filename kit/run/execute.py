@@ -116,7 +116,7 @@ def _run_in_dir(request, plan, runtime, described, run_dir: Path, repo, signals,
         inputs = file_inputs(files, Workspace(request.workspace.resolve()).hash_cache, progress=progress)
     manifest = build_manifest(plan=plan, arm=request.arm, described=described, argv=argv, env_job=env_job,
                               env_host=env_host, inputs=inputs, repository=repo, allow_dirty=request.allow_dirty,
-                              runtime_kind=request.runtime, submits_ray_job=submits_ray_job(runtime))
+                              runtime_kind=request.runtime, submits_ray_job=submits_ray_job(runtime), claim=request.claim)
     E.write_document(run_dir, E.MANIFEST, redactor.document(manifest))
     manifest_sha = sha256_of_file(run_dir / E.MANIFEST)
     image_id = (described.get("image") or {}).get("id")

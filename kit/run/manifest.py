@@ -69,7 +69,7 @@ def lock_record(stack_name: str, stack_sha256: str, image: dict | None) -> dict 
 
 def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job: dict, env_host: dict,
                    inputs: dict, repository: dict, allow_dirty: bool, runtime_kind: str,
-                   submits_ray_job: bool) -> dict:
+                   submits_ray_job: bool, claim: dict | None = None) -> dict:
 
     redacted = secret_names(env_job, env_host)
     ray_job = dict(plan["ray_job"])
@@ -103,7 +103,7 @@ def build_manifest(*, plan: dict, arm, described: dict, argv: list[str], env_job
         "topology": plan["topology"],
         "plan": {"capture_sizes": plan["capture_sizes"], "evidence_level": plan["evidence_level"],
                  "image_requirements": plan["image"]},
-    }
+    } | ({"claim": dict(claim)} if claim else {})
 
 
 METRICS_RECORD_SCHEMA = schema_id("metrics-record")

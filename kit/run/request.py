@@ -43,6 +43,7 @@ class RunRequest:
     checkpoint: Path | None = None    # VIME arms: Megatron torch_dist dir, mounted read-only
     prompt_data: Path | None = None   # VIME arms: prompt JSONL (default: kit prepare's output in the workspace)
     reproduces: str | None = None     # kit reproduce: the original run (id, dir, seal root), recorded in kit.log
+    claim: dict | None = None         # kit run --claim: the manifest's claim (name, sha256, role, seed)
 
 
 @dataclass
