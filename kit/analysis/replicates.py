@@ -62,6 +62,16 @@ def two_level_bootstrap(ref_runs, other_runs, draws: int = DRAWS, seed: int = SE
     """2.5/97.5 percentiles of mean(other) − mean(reference), resampling seeds then steps."""
     import numpy as np
 
+    ref_means, other_means = two_level_resamples(ref_runs, other_runs, draws, seed)
+    lo, hi = np.percentile(other_means - ref_means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def two_level_resamples(ref_runs, other_runs, draws: int = DRAWS, seed: int = SEED):
+    """``(reference, other)``: each arm's mean at every draw, resampling seeds then steps (one rng, the
+    reference drawn after the other, as the noise floor's CI always drew them)."""
+    import numpy as np
+
     rng = np.random.default_rng(seed)
 
     def arm_means(runs):
@@ -72,9 +82,8 @@ def two_level_bootstrap(ref_runs, other_runs, draws: int = DRAWS, seed: int = SE
         pick = rng.integers(0, len(runs), size=(draws, len(runs)))
         return np.take_along_axis(per_seed, pick, axis=1).mean(axis=1)
 
-    diffs = arm_means(other_runs) - arm_means(ref_runs)
-    lo, hi = np.percentile(diffs, [2.5, 97.5])
-    return float(lo), float(hi)
+    other_means = arm_means(other_runs)
+    return arm_means(ref_runs), other_means
 
 
 def _floor(means) -> dict:
