@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("kit.cli.run", "Run an arm locally, in its container or on a Ray cluster, and seal the evidence."),
     "cluster": ("kit.cli.cluster", "Start a local Ray cluster of pinned containers; render Slurm and KubeRay jobs."),
     "suite": ("kit.cli.suite", "Run the module matrix M000..M111 and attribute mismatches per module."),
+    "claim": ("kit.cli.claim", "Seal a claim before its runs; evaluate exactly its declared test into a sealed verdict."),
     "analyze": ("kit.cli.analyze", "Performance decomposition, statistics, convergence tables and figures."),
     "reproduce": ("kit.cli.reproduce", "Re-run a sealed run from its manifest and compare its records bitwise."),
     "export": ("kit.cli.export", "Export runs to an MLflow tracking store (params, metrics, tags, evidence)."),
