@@ -11,7 +11,7 @@ from kit.analysis.claims import evaluate_claim
 
 from kit.cli._output import emit_json
 from kit.cli.plan import select_arm
-from kit.evidence.claims import SUPPORTED, read_sealed_claim, rule_text, seal_claim, seal_verdict
+from kit.evidence.claims import SUPPORTED, paths_relative_to, read_sealed_claim, rule_text, seal_claim, seal_verdict
 from kit.evidence.signing import load_private_key
 from kit.model.documents import read_json_file, write_new_document
 from kit.model.errors import BadInput, KitError
@@ -114,7 +114,7 @@ def evaluate(sealed_file: Path, runs: tuple[Path, ...], out: Path | None, worksp
     if workspace is None:
         workspace = Path(os.environ.get("KIT_WORKSPACE") or ".workspace")
     check_workspace(workspace)
-    doc = seal_verdict(evaluate_claim(claim, list(runs), workspace), key)
+    doc = seal_verdict(paths_relative_to(evaluate_claim(claim, list(runs), workspace), out.parent), key)
     write_new_document(out, doc, expected="rlk-kit/claim-verdict/v1")
     if as_json:
         emit_json(doc)

@@ -72,9 +72,12 @@ def workspace_from(flag: Path | None) -> Path:
 @click.option("--allow-dirty", is_flag=True, help="Run from a kit checkout with uncommitted changes (recorded; not for published evidence).")
 @click.option("--sign-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="Private key that signs the seal and the run's in-toto attestation (and, for ECDSA P-256, its model-signing model.sig): ECDSA P-256 or ed25519 PEM, or 32 raw ed25519 bytes (kit keys new makes one).")
+@click.option("--claim", "claim_file", type=click.Path(path_type=Path, dir_okay=False), metavar="SEALED",
+              help="Make the runs a sealed claim declares (kit claim seal), each under its declared id, arm, seed and "
+                   "rollouts, with the claim's sha256 in its sealed manifest; runs already made are not made again.")
 @click.option("--json", "as_json", is_flag=True, help="Print one rlk-kit/run-status/v1 document (dry run: rlk-kit/run-dry-run/v1); no progress.")
 def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, runtime, image, ray_address, ray_head, model, checkpoint, prompt_data, network,
-            workspace, run_id, rollouts, seeds, wait, attach_dir, dry_run, allow_dirty, sign_key, as_json):
+            workspace, run_id, rollouts, seeds, wait, attach_dir, dry_run, allow_dirty, sign_key, claim_file, as_json):
     """Run an arm and seal its evidence: plan → preflight → start → stream → collect → validate → seal.
 
     The run dir <workspace>/runs/<run-id>/ gets manifest.json, arm.json, run.log (the job's own
@@ -94,6 +97,7 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
       kit run --arm smoke --runtime ray --ray-address http://head:8265 --detach --run-id r7
       kit run --attach .workspace/runs/r7                     # follow r7's job, then validate and seal
       kit run --arm G10 --dry-run --json                      # the plan, nothing created
+      kit run --claim smoke-mismatch.sealed.json              # the runs a sealed claim declares, bound to it
       kit verify .workspace/runs/<run-id>
     """
 
@@ -110,6 +114,9 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
             raise BadInput(f"--attach RUN_DIR takes only --sign-key and --json; drop {', '.join(extra)} "
                            "(the run dir's manifest says what runs)")
         _report(attach(attach_dir, sign_key=sign_key, progress=None if as_json else sys.stderr, log=log), as_json)
+        return
+    if claim_file is not None:
+        _run_claim(claim_file, locals(), as_json, log)
         return
     arm = select_arm(arm_ref, mode)
     request = RunRequest(arm=arm, workspace=workspace_from(workspace),
@@ -131,6 +138,33 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
             _print_dry_run(outcome.document)
         return
     _report(outcome, as_json)
+
+
+def _run_claim(claim_file: Path, given: dict, as_json: bool, log) -> None:
+    """kit run --claim SEALED: every declared run not yet made (kit.run.claimed)."""
+    from kit.evidence.claims import read_sealed_claim
+    from kit.run.claimed import run_claim
+
+    fixed = {"--arm": "arm_ref", "--mode": "mode", "--run-id": "run_id", "--rollouts": "rollouts", "--seeds": "seeds",
+             "--dry-run": "dry_run", "--detach": "wait", "--attach": "attach_dir"}
+    extra = [flag for flag, name in fixed.items() if (given[name] is False if name == "wait" else given[name] not in (None, False))]
+    if extra:
+        raise BadInput(f"--claim fixes the arms, seeds, rollouts and run ids; drop {', '.join(extra)}")
+    claim = read_sealed_claim(claim_file, "--claim")
+    request = RunRequest(arm=None, workspace=workspace_from(given["workspace"]),
+                         runtime=given["runtime"], image=given["image"], ray_address=given["ray_address"],
+                         network=given["network"], ray_head=given["ray_head"], model=given["model"],
+                         checkpoint=given["checkpoint"], prompt_data=given["prompt_data"],
+                         allow_dirty=given["allow_dirty"], sign_key=given["sign_key"])
+    runs = run_claim(claim, request, execute, select_arm, progress=None if as_json else sys.stderr, log=log)
+    if as_json:
+        emit_json({"schema": "rlk-kit/claim-runs/v1", "claim": claim.name, "claim_sha256": claim.sha256, "runs": runs})
+    else:
+        click.echo(f"claim {claim.name} ({claim.sha256[:16]}…):")
+        for r in runs:
+            click.echo(f"  {r['role']:<9} seed {r['seed']}: {r['status']}  {r['run_dir']}")
+        click.echo(f"next: kit claim evaluate {claim_file}")
+    raise SystemExit(max([r["exit_code"] for r in runs] or [0]))
 
 
 def _report(outcome, as_json: bool) -> None:

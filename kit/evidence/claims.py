@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit import __version__
+from kit.evidence.audit import verify_run_dir
 from kit.evidence.bundle import SEAL, utc_now
 from kit.evidence.signing import seal_trust, sign_seal
 from kit.model.documents import read_json_file, require_valid, schema_id, schema_problems, sha256_of_document
@@ -330,3 +331,29 @@ def _beside(path: Path, recorded: str) -> Path:
     """A recorded path as written (absolute) or relative to the verdict's folder."""
     p = Path(recorded)
     return p if p.is_absolute() else Path(path).resolve().parent / p
+
+
+def claim_verification(path: Path, doc: dict) -> tuple[list[tuple[str, str]], list[str]]:
+    """``kit verify`` of a claim or a verdict document: ``(problems, notes)``."""
+    if doc.get("schema") == VERDICT_SCHEMA:
+        return verdict_problems(path, doc, verify_run_dir)
+    problems = claim_problems(doc)
+    if not problems:
+        return [], [f"sealed claim {doc['name']} ({doc['sealed']['claim_sha256'][:16]}…), "
+                    f"{len(doc['runs'])} declared runs, sealed {doc['sealed']['sealed_at']}"]
+    return problems, []
+
+
+def paths_relative_to(doc: dict, folder: Path) -> dict:
+    """The verdict with its claim path and run dirs written relative to ``folder`` (where the verdict is
+    written), so a copied tree of verdict, claim and workspace checks its own files."""
+    import os
+
+    def rel(p):
+        return p if p is None else os.path.relpath(Path(p).resolve(), Path(folder).resolve())
+
+    out = copy.deepcopy(doc)
+    out["claim"]["path"] = rel(out["claim"]["path"])
+    for run in out["runs"]:
+        run["run_dir"] = rel(run["run_dir"])
+    return out

@@ -14,6 +14,7 @@ from pathlib import Path
 from kit.build.provenance_check import is_statement, statement_problems
 from kit.evidence.attestation import signature_file_redirect
 from kit.evidence.compare import compare_arms
+from kit.evidence.claims import claim_verification
 from kit.evidence.provenance_signature import is_envelope, provenance_signature_problems
 from kit.evidence.signing import load_public_key
 from kit.evidence.verdict import FileVerdict
@@ -66,6 +67,9 @@ def verify_document_file(path: Path, *, public_key: Path | None = None, require_
             problems = _matrix_rules(path, doc)
         elif verdict.kind == "lock":
             problems = _lock_rules(path, doc)
+        elif verdict.kind in ("claim", "claim-verdict"):     # a sealed claim, and the verdict of evaluating one
+            problems, notes = claim_verification(path, doc)
+            verdict.notes += notes
     if not problems and verdict.kind in ("stack", "arm", "arm-matrix"):
         clash = _catalog_for(path).name_clash(doc, str(path))
         if clash:

@@ -14,6 +14,7 @@ import dataclasses
 
 from kit.evidence import bundle as E
 from kit.evidence.claims import Claim, binding_record, seed_free_arm_sha256
+from kit.model.engine_traits import traits
 from kit.model.errors import CheckFailed
 from kit.run.plan import TopologyOverrides, resolve_plan
 from kit.run.replicates import seeded
@@ -52,7 +53,9 @@ def run_claim(claim: Claim, request, execute, select_arm, *, progress=None, log=
                         "run_dir": used, "exit_code": 0})
             continue
         log(f"claim {claim.name}: run {declared.run_id} ({declared.role} {arms[declared.role].name}, seed {declared.seed})")
-        one = dataclasses.replace(request, arm=seeded(arms[declared.role], declared.seed), run_id=declared.run_id,
+        arm = arms[declared.role]
+        runtime = request.runtime or ("local" if traits(arm.engine).runs_on_host else "docker")
+        one = dataclasses.replace(request, arm=seeded(arm, declared.seed), run_id=declared.run_id, runtime=runtime,
                                   rollouts=claim.rollouts, claim=binding_record(claim, declared.run_id))
         outcome = execute(one, progress=progress, log=log)
         out.append({"run_id": outcome.run_id, "role": declared.role, "seed": declared.seed, "status": outcome.status,
