@@ -130,7 +130,7 @@ def bound_in_workspace(claim: Claim, workspace: Path) -> list[Path]:
         except KitError:
             continue
         if isinstance(doc, dict) and isinstance(doc.get("claim"), dict) and doc["claim"].get("sha256") == claim.sha256:
-            found.append(manifest.parent)
+            found.append(manifest.parent.resolve())
     return found
 
 

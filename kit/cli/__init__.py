@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "suite": ("kit.cli.suite", "Run the module matrix M000..M111 and attribute mismatches per module."),
     "claim": ("kit.cli.claim", "Seal a claim before its runs; evaluate exactly its declared test into a sealed verdict."),
     "analyze": ("kit.cli.analyze", "Performance decomposition, statistics, convergence tables and figures."),
+    "report": ("kit.cli.report", "One self-contained HTML page a reviewer reads: a claim's verdict, a comparison or a run."),
     "reproduce": ("kit.cli.reproduce", "Re-run a sealed run from its manifest and compare its records bitwise."),
     "export": ("kit.cli.export", "Export runs to an MLflow tracking store (params, metrics, tags, evidence)."),
     "kernels": ("kit.cli.kernels", "Conformance oracle of the strict and production operators."),

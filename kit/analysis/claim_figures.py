@@ -1,0 +1,120 @@
+"""Figures of a claim's verdict and of a run's host monitors, for the reviewer's page (``kit report``).
+
+One colour and one label per arm, from its operator cases (P/P production blue, R/R strict orange,
+mixed purple): ``arm_style``. Units on every axis. Each figure is one PNG (the page embeds it).
+Example::
+
+    claim_figure(verdict, {"reference": [[40.0, 47.0], ...], "treatment": [...]}, Path("out"))  # 'claim-metric.png'
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+
+from kit.analysis.plots import DPI, _pyplot
+from kit.model.regular_files import MAX_LOG_BYTES, read_regular_text
+
+CASE_COLORS = {"P/P": "#1f6fb4", "R/R": "#d9730d"}
+MIXED_COLOR = "#6a3d9a"
+
+
+def operators_label(arm_doc: dict) -> str:
+    """``"R/R"`` when every operator case is R/R, ``"P/P"`` when every one is P/P, else the three cases."""
+    ops = arm_doc.get("operators") if isinstance(arm_doc.get("operators"), dict) else {}
+    cases = [str(ops.get(k)) for k in ("attention", "ffn", "logp")]
+    return cases[0] if len(set(cases)) == 1 else "attn " + " · ".join(cases)
+
+
+def arm_style(name: str, arm_doc: dict) -> tuple[str, str]:
+    """``(label, colour)`` of an arm, the same in every figure: ``("smoke (R/R)", "#d9730d")``."""
+    case = operators_label(arm_doc)
+    return f"{name} ({case})", CASE_COLORS.get(case, MIXED_COLOR)
+
+
+def _save_png(fig, out_dir: Path, stem: str, note: str) -> str:
+    fig.text(0.5, 0.01, note, ha="center", va="bottom", fontsize=7, color="#333333")
+    fig.savefig(out_dir / f"{stem}.png", dpi=DPI, metadata={"Software": None}, pil_kwargs={"compress_level": 1})
+    return f"{stem}.png"
+
+
+def claim_figure(stats: dict, per_step: dict, styles: dict, out_dir: Path) -> str:
+    """Left: each arm's seed means (dots), their range (bar), the arm mean (line). Right: the metric at
+    each step of every run. ``per_step``: role -> list of per-run lists; ``styles``: role -> (label, colour)."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    unit = stats["unit"]
+    for i, role in enumerate(("reference", "treatment")):
+        arm = stats["arms"][role]
+        label, color = styles[role]
+        means = arm["seed_means"]
+        left.plot([i] * len(means), means, "o", ms=5, color=color, label=label)
+        left.plot([i, i], [min(means), max(means)], lw=8, color=color, alpha=0.25, solid_capstyle="butt")
+        left.plot([i - 0.2, i + 0.2], [arm["mean"]] * 2, lw=2, color=color)
+        for j, values in enumerate(per_step[role]):
+            right.plot(range(len(values)), values, "-o", ms=3, lw=1, color=color, alpha=0.8,
+                       label=label if j == 0 else None)
+    left.set_xticks([0, 1], [styles["reference"][0], styles["treatment"][0]], fontsize=8)
+    left.set_xlim(-0.6, 1.6)
+    left.set_ylabel(f"{stats['metric']} ({unit}), mean per seed", fontsize=8)
+    d = stats["difference"]
+    left.set_title(f"treatment − reference {d['estimate']:+.4g} [95 % CI {d['ci95_low']:+.4g}, {d['ci95_high']:+.4g}]",
+                   fontsize=9)
+    right.set_xlabel("step index within the steady window", fontsize=8)
+    right.set_ylabel(f"{stats['metric']} ({unit})", fontsize=8)
+    right.set_title("every declared run, step by step", fontsize=9)
+    right.legend(fontsize=7, loc="best")
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.88, bottom=0.2, wspace=0.3)
+    return _save_png(fig, out_dir, "claim-metric", f"two-level bootstrap ({stats['bootstrap']['draws']} draws, seed "
+                                                  f"{stats['bootstrap']['seed']}): seeds, then steps")
+
+
+def read_vmstat(run_dir: Path) -> dict | None:
+    """``monitors/vmstat.txt`` (``vmstat -n -t 1``) -> seconds since the first sample, CPU % user+system,
+    I/O wait %, idle %, free memory MiB; None when the run recorded none."""
+    path = Path(run_dir) / "monitors" / "vmstat.txt"
+    if not path.is_file():
+        return None
+    text = read_regular_text(path, limit=MAX_LOG_BYTES, what="a vmstat record")
+    header, out, start = None, {"t": [], "cpu_pct": [], "wait_pct": [], "idle_pct": [], "free_mib": []}, None
+    for line in text.splitlines():
+        fields = line.split()
+        if "us" in fields and "free" in fields:
+            header = fields
+            continue
+        if header is None or len(fields) < len(header) or not fields[0].isdigit():
+            continue
+        row = dict(zip(header, fields))
+        try:
+            when = _dt.datetime.strptime(" ".join(fields[-2:]), "%Y-%m-%d %H:%M:%S")
+            values = [float(row[k]) for k in ("us", "sy", "wa", "id", "free")]
+        except (KeyError, ValueError):
+            continue
+        start = start or when
+        out["t"].append((when - start).total_seconds())
+        out["cpu_pct"].append(values[0] + values[1])
+        out["wait_pct"].append(values[2])
+        out["idle_pct"].append(values[3])
+        out["free_mib"].append(values[4] / 1024.0)
+    return out if out["t"] else None
+
+
+def vmstat_figure(series: dict, styles: dict, out_dir: Path, stem: str = "host-monitors") -> str | None:
+    """Host CPU (user+system %) and free memory (MiB) over the run, one line per run (``series``: label ->
+    read_vmstat's dict; ``styles``: label -> colour)."""
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return None
+    plt = _pyplot()
+    fig, (cpu, mem) = plt.subplots(1, 2, figsize=(10, 3.4))
+    for label, s in series.items():
+        cpu.plot(s["t"], s["cpu_pct"], "-", lw=1, color=styles.get(label), label=label)
+        mem.plot(s["t"], s["free_mib"], "-", lw=1, color=styles.get(label), label=label)
+    cpu.set_xlabel("time since the monitors started (s)", fontsize=8)
+    cpu.set_ylabel("host CPU, user + system (%)", fontsize=8)
+    cpu.set_ylim(0, 100)
+    mem.set_xlabel("time since the monitors started (s)", fontsize=8)
+    mem.set_ylabel("free memory (MiB)", fontsize=8)
+    cpu.legend(fontsize=6, loc="best")
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.92, bottom=0.22, wspace=0.3)
+    return _save_png(fig, out_dir, stem, "vmstat -n -t 1, as each run recorded it (monitors/vmstat.txt)")
