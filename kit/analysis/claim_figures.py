@@ -60,6 +60,9 @@ def claim_figure(stats: dict, per_step: dict, styles: dict, out_dir: Path) -> st
     d = stats["difference"]
     left.set_title(f"treatment − reference {d['estimate']:+.4g} [95 % CI {d['ci95_low']:+.4g}, {d['ci95_high']:+.4g}]",
                    fontsize=9)
+    from matplotlib.ticker import MaxNLocator
+
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
     right.set_xlabel("step index within the steady window", fontsize=8)
     right.set_ylabel(f"{stats['metric']} ({unit})", fontsize=8)
     right.set_title("every declared run, step by step", fontsize=9)

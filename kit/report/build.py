@@ -40,14 +40,17 @@ def _read(path: Path):
 
 
 def gates_table(run_dirs: dict) -> Table:
-    rows = []
+    """One row per gate, one column per run: the status each run's sealed validation.json gives it."""
+    gates, status = {}, {}
     for label, run_dir in run_dirs.items():
         validation = _read(Path(run_dir) / E.VALIDATION) or {}
         for gate in validation.get("gates", []):
-            rows.append((label, gate.get("id"), gate.get("status"), gate.get("message"),
-                         "; ".join(gate.get("problems") or [])))
-    return Table("gates", "Gates per run (validation.json, sealed)", ("run", "gate", "status", "what it checks", "problems"),
-                 tuple(rows), toned_columns=(2,))
+            gates.setdefault(gate.get("id"), gate.get("message"))
+            problems = "; ".join(gate.get("problems") or [])
+            status[(gate.get("id"), label)] = gate.get("status") + (f": {problems}" if problems else "")
+    rows = tuple((gid, msg, *(status.get((gid, label), "-") for label in run_dirs)) for gid, msg in gates.items())
+    return Table("gates", "Gates per run (each run's sealed validation.json)", ("gate", "what it checks", *run_dirs),
+                 rows, toned_columns=tuple(range(2, 2 + len(run_dirs))))
 
 
 def evidence_table(run_dirs: dict) -> Table:
@@ -97,6 +100,7 @@ def verdict_page(path: Path, tmp: Path) -> Page:
     claim_path = (base / doc["claim"]["path"]).resolve()
     claim = _read(claim_path) or {}
     runs = {r["run_id"]: (base / r["run_dir"]).resolve() for r in doc["runs"] if r["run_dir"] and r["status"] == "counted"}
+    short = {r["run_id"]: f"{r['role']} s{r['seed']}" for r in doc["runs"]}
     styles, per_step, arms = {}, {"reference": [], "treatment": []}, {}
     for r in doc["runs"]:
         if r["run_id"] in runs:
@@ -132,7 +136,7 @@ def verdict_page(path: Path, tmp: Path) -> Page:
                          evidence_table(runs)]),
         Section("Identity", identity_table(doc["identity"]["differences"], doc["identity"]["provenance"],
                                            doc["identity"]["scope"])),
-        Section("Gates", [gates_table(runs)]),
+        Section("Gates", [gates_table({short[k]: v for k, v in runs.items()})]),
     ]
     if stats and "arms" in stats:
         rows = [(styles[role][0], len(a["seed_means"]), ", ".join(f"{m:.6g}" for m in a["seed_means"]), f"{a['mean']:.6g}",
