@@ -55,8 +55,8 @@ def command(platform, arm, stack_name, sources, sources_dir, wheel_dirs, no_cach
     Examples:
       kit build cpu --arm smoke                          # the CPU smoke image (fixture sources)
       kit build cpu --arm smoke --source vime=../vime    # a local checkout at the pinned commit
-      kit build cuda --arm G10 --dry-run --json          # the plan, without an engine
-      kit build rocm --stack vime-g11 --dry-run
+      kit build cuda --arm G11 --dry-run --json          # the plan, without an engine
+      kit build rocm --stack vime-g11 --dry-run          # exit 1 until a ROCm lock exists (its torch index: kit lock)
       kit build cpu --arm smoke --check-reproducible     # rebuild elsewhere, same image id or exit 1
       kit build cpu --arm smoke --sign-key build.key     # provenance signed (DSSE)
       kit build cuda --arm G11 --sources /work/shared/sources   # sources checked before any layer

@@ -196,8 +196,7 @@ def slurm_command(arm_ref, nodes, image, container_runtime, gpus_per_node, parti
     \b
     Examples:
       kit cluster slurm --arm smoke --nodes 1 --submit
-      # exit 2 until G11's inputs exist: --model, --checkpoint, --prompt-data or what kit prepare made
-      kit cluster slurm --arm G11 --nodes 4 --container-runtime pyxis --image reg/rlk@sha256:0000000000000000000000000000000000000000000000000000000000000000 --partition gpu --out g11.sbatch
+      kit cluster slurm --arm G11 --nodes 4 --container-runtime pyxis --image reg/rlk@sha256:0000000000000000000000000000000000000000000000000000000000000000 --partition gpu --model /shared/Qwen3-8B --checkpoint /shared/torch_dist --prompt-data /shared/dapo-math-17k.jsonl --out g11.sbatch   # exit 2 until those inputs exist
     """
 
     arm = select_arm(arm_ref, None)

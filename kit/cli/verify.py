@@ -56,7 +56,7 @@ def command(paths, image, arm_name, stack_name, public_key, require_signature, m
     Examples:
       kit verify manifests/*.json
       kit verify --json manifests/G10.json
-      kit verify .workspace/runs/smoke-n40-s1234-20261202T101010Z
+      kit verify .workspace/runs/<run-id>
       kit verify --key seal.pub --require-signature .workspace/runs/r1
       kit verify --key seal.pub .workspace/builds/rlk-kit_smoke_cpu-0123456789ab.provenance.json
       kit verify --image rlk-kit/smoke:cpu-0123456789ab --arm smoke
