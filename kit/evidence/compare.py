@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kit.evidence import bundle as E
+from kit.model.buildability import buildability_findings
 from kit.evidence.audit import verify_run_dir
 from kit.evidence.pinning import PINNED, SAME_HOST, run_identity
 from kit.model.arm import Arm
@@ -159,6 +160,10 @@ def arm_view(arm: Arm) -> dict:
 
 def compare_arms(a: Arm, b: Arm) -> Comparison:
     factors, notes = declared_between(a.document, b.document)
+    # what an audit of a published arm should say: software that ran but cannot be built again from source
+    for arm in (a, b):
+        for finding in buildability_findings(arm.stack.document, arm.platform):
+            notes = [*notes, f"{arm.name}: stack {arm.stack.name} is not rebuildable from source: {finding.text()}"]
     diffs = classify(flatten(arm_view(a)), flatten(arm_view(b)), factors)
     return Comparison(a.name, b.name, tuple(diffs), factors, tuple(notes))
 

@@ -56,6 +56,9 @@ def test_compare_by_name_and_json():
         "attention_backend", "stack.packages.transformer-engine", "stack.sources.rl-kernel.commit", "stack.sources.vime.commit",
         # G10's TE 2.18 selects its CUDA 12 core explicitly (docs/locks.md)
         "stack.packages.transformer-engine-cu12", "stack.excludes.transformer-engine-cu13"}
+    # the audit's finding: the published G10 software cannot be built again from source (G11's can)
+    rebuild = [n for n in doc["notes"] if "not rebuildable from source" in n]
+    assert len(rebuild) == 1 and rebuild[0].startswith("G10: stack vime-g10") and "te-torch-symm-mem-header" in rebuild[0]
 
 
 def test_compare_native_consistency_is_controlled():
