@@ -29,7 +29,7 @@ def command(check_stack, check_lock, source_roots, no_conformance, as_json):
     Examples:
       kit probe --json                                   # inside an image
       kit probe --check-stack /opt/rlk/stack.json        # last step of every image build
-      kit probe --check-stack stack.json --source-root vime=../vime --json
+      kit probe --check-stack stack.json --source-root vime=../vime --json   # exit 1 on a host: its python and pins are not the stack's
       kit probe --check-stack /opt/rlk/stack.json --check-lock /opt/rlk/lock.json
     """
 
