@@ -31,6 +31,7 @@ from kit.adapters.ray import CLUSTER_INFO_SCRIPT, RayJob, wait_for_jobs_api
 from kit.build import layout as L
 from kit.build.lookup import image_for_arm
 from kit.build.images import check_image, probe_differences
+from kit.model.accelerators import node_sizes
 from kit.model.documents import parse_json_bytes, require_valid
 from kit.model.errors import BadInput, CheckFailed
 from kit.model.holds import hold
@@ -45,17 +46,20 @@ RAY_PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port", "--d
                   "--node-manager-port", "--object-manager-port")
 
 
-def ray_head_command(ray_bin: str = L.RAY, ports: dict[str, int] | None = None) -> list[str]:
+def ray_head_command(ray_bin: str = L.RAY, ports: dict[str, int] | None = None,
+                     object_store_bytes: int | None = None) -> list[str]:
     """``ray start --head`` inside the container. With ``ports`` (host network) every fixed port is the
     given one and Ray listens on 127.0.0.1; without (a Docker network) the defaults inside the container's
-    own network namespace, with the dashboard on all of its interfaces for the published port."""
+    own network namespace, with the dashboard on all of its interfaces for the published port.
+    ``object_store_bytes``: Ray's object store, sized as on Slurm and KubeRay (``node_sizes``)."""
+    store = [f"--object-store-memory={object_store_bytes}"] if object_store_bytes else []
     if ports is None:
         return [ray_bin, "start", "--head", "--port=6379", "--dashboard-host=0.0.0.0",
                 f"--dashboard-port={CONTAINER_DASHBOARD_PORT}", "--include-dashboard=true", "--disable-usage-stats",
-                f"--temp-dir={RAY_TMP}"]
+                f"--temp-dir={RAY_TMP}", *store]
     return [ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
             *(f"{flag}={ports[flag]}" for flag in RAY_PORT_FLAGS), "--include-dashboard=true",
-            "--disable-usage-stats", f"--temp-dir={RAY_TMP}"]
+            "--disable-usage-stats", f"--temp-dir={RAY_TMP}", *store]
 
 
 def free_ports(flags=RAY_PORT_FLAGS) -> dict[str, int]:
@@ -181,7 +185,8 @@ class DockerRuntime(RayJobRuntime):
     def _start_ray_head(self) -> None:
         code, _, _ = self._exec(["test", "-x", L.RAY])
         ray_bin = L.RAY if code == 0 else "ray"
-        self.start_command = ray_head_command(ray_bin, self.ray_ports)
+        sizes = node_sizes(self.arm.platform, self.arm.document.get("topology", {}).get("gpus", 0))
+        self.start_command = ray_head_command(ray_bin, self.ray_ports, sizes.object_store_bytes)
         code, out, err = self._exec(self.start_command, {"HOME": "/tmp", "RAY_TMPDIR": RAY_TMP,
                                                          "RAY_USAGE_STATS_ENABLED": "0"})
         if code != 0:

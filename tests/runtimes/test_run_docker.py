@@ -36,6 +36,8 @@ def test_docker_runtime_seals(cpu_image, ws):
     # the live container's probe computes the kernel-conformance fingerprint (the smoke shape's)
     assert manifest["observed_identity"]["conformance_fingerprint"] == cpu_image.record["conformance_fingerprint"]
     assert manifest["ray_cluster"]["start_command"][1:3] == ["start", "--head"]
+    # the object store as Slurm and KubeRay size it for the arm (kit/model/accelerators.py node_sizes)
+    assert "--object-store-memory=500000000" in manifest["ray_cluster"]["start_command"]
     assert manifest["ray_job"]["submission_id"] == "rlk-dock-1"
     status = json.loads((run_dir / "status.json").read_text())
     from kit.model.documents import sha256_of_file
