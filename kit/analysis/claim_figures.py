@@ -9,9 +9,9 @@ Example::
 
 from __future__ import annotations
 
-import datetime as _dt
 from pathlib import Path
 
+from kit.analysis.monitors import parse_vmstat
 from kit.analysis.plots import DPI, _pyplot
 from kit.model.regular_files import MAX_LOG_BYTES, read_regular_text
 
@@ -73,32 +73,12 @@ def claim_figure(stats: dict, per_step: dict, styles: dict, out_dir: Path) -> st
 
 
 def read_vmstat(run_dir: Path) -> dict | None:
-    """``monitors/vmstat.txt`` (``vmstat -n -t 1``) -> seconds since the first sample, CPU % user+system,
-    I/O wait %, idle %, free memory MiB; None when the run recorded none."""
+    """``monitors/vmstat.txt`` as :func:`kit.analysis.monitors.parse_vmstat` reads it; None when the run
+    recorded none."""
     path = Path(run_dir) / "monitors" / "vmstat.txt"
     if not path.is_file():
         return None
-    text = read_regular_text(path, limit=MAX_LOG_BYTES, what="a vmstat record")
-    header, out, start = None, {"t": [], "cpu_pct": [], "wait_pct": [], "idle_pct": [], "free_mib": []}, None
-    for line in text.splitlines():
-        fields = line.split()
-        if "us" in fields and "free" in fields:
-            header = fields
-            continue
-        if header is None or len(fields) < len(header) or not fields[0].isdigit():
-            continue
-        row = dict(zip(header, fields))
-        try:
-            when = _dt.datetime.strptime(" ".join(fields[-2:]), "%Y-%m-%d %H:%M:%S")
-            values = [float(row[k]) for k in ("us", "sy", "wa", "id", "free")]
-        except (KeyError, ValueError):
-            continue
-        start = start or when
-        out["t"].append((when - start).total_seconds())
-        out["cpu_pct"].append(values[0] + values[1])
-        out["wait_pct"].append(values[2])
-        out["idle_pct"].append(values[3])
-        out["free_mib"].append(values[4] / 1024.0)
+    out = parse_vmstat(read_regular_text(path, limit=MAX_LOG_BYTES, what="a vmstat record"))
     return out if out["t"] else None
 
 

@@ -2,7 +2,7 @@
 
 ``read_monitors`` turns the samplers' files into time series (seconds since the monitors started):
 GPU SM utilisation, memory in use and power from ``nvidia-smi dmon``, host CPU % and memory from the
-psutil CSV. ``monitor_figure`` draws them per arm with each step's time, the steps placed on the
+psutil CSV, else CPU % and free memory from ``vmstat``. ``monitor_figure`` draws them per arm with each step's time, the steps placed on the
 same clock by counting back from the job's end (the monitors stop when the job does). Example::
 
     series = read_monitors(Path("runs/r1"))       # {"interval_s": 1.0, "gpu": {...}, "host": {...}} or None
@@ -82,6 +82,34 @@ def parse_psutil(text: str) -> dict:
     return out
 
 
+def parse_vmstat(text: str) -> dict:
+    """``vmstat -n -t 1`` lines -> {"t": [...], "cpu_pct": [...] (user + system), "wait_pct", "idle_pct",
+    "free_mib"}: the host series the kit records where psutil is not installed (it is no declared dependency)."""
+    import datetime as _dt
+
+    header, out, start = None, {"t": [], "cpu_pct": [], "wait_pct": [], "idle_pct": [], "free_mib": []}, None
+    for line in text.splitlines():
+        fields = line.split()
+        if "us" in fields and "free" in fields:
+            header = fields
+            continue
+        if header is None or len(fields) < len(header) or not fields[0].isdigit():
+            continue
+        row = dict(zip(header, fields))
+        try:
+            when = _dt.datetime.strptime(" ".join(fields[-2:]), "%Y-%m-%d %H:%M:%S")
+            us, sy, wa, idle, free = (float(row[k]) for k in ("us", "sy", "wa", "id", "free"))
+        except (KeyError, ValueError):
+            continue
+        start = start or when
+        out["t"].append((when - start).total_seconds())
+        out["cpu_pct"].append(us + sy)
+        out["wait_pct"].append(wa)
+        out["idle_pct"].append(idle)
+        out["free_mib"].append(free / 1024.0)
+    return out
+
+
 def read_monitors(run_dir: Path) -> dict | None:
     """The run's monitor series, or None when it has no monitors/monitors.json."""
     run_dir = Path(run_dir)
@@ -101,6 +129,8 @@ def read_monitors(run_dir: Path) -> dict | None:
             out["gpu"] = parse_dmon(text)
         elif sampler["name"] == "psutil":
             out["host"] = parse_psutil(text)
+        elif sampler["name"] == "vmstat" and out["host"] is None:
+            out["host"] = parse_vmstat(text)       # psutil's series, when recorded too, is kept instead
     return out
 
 
@@ -120,9 +150,16 @@ def monitor_figure(by_arm: dict, out_dir: Path, subtitle: str) -> list[str]:
     and step time against seconds since the monitors started."""
 
     plt = _pyplot()
-    fig, axes = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
-    panels = (("gpu", "sm_pct", "GPU SM utilisation (%)"), ("gpu", "fb_gib", "GPU memory in use (GiB)"),
-              ("host", "cpu_pct", "host CPU (%)"))
+    panels = [(part, key, label) for part, key, label in
+              (("gpu", "sm_pct", "GPU SM utilisation (%)"), ("gpu", "fb_gib", "GPU memory in use (GiB)"),
+               ("host", "cpu_pct", "host CPU, user + system (%)"))
+              if any((series.get(part) or {}).get("t") for series, _ in by_arm.values())]
+    # a monitor no run recorded gets no empty panel: the subtitle says it was not recorded
+    absent = sorted({part for part in ("gpu", "host") if not any((s.get(part) or {}).get("t") for s, _ in by_arm.values())})
+    if absent:
+        subtitle = f"{subtitle}; not recorded by any run: {', '.join(absent)} monitor"
+    fig, axes = plt.subplots(len(panels) + 1, 1, figsize=(9, 2.5 * (len(panels) + 1) + 0.6), sharex=True, squeeze=False)
+    axes = list(axes.flat)
     for ax, (part, key, label) in zip(axes, panels):
         for arm, (series, _) in by_arm.items():
             data = series.get(part)
@@ -132,11 +169,13 @@ def monitor_figure(by_arm: dict, out_dir: Path, subtitle: str) -> list[str]:
                 ax.plot([], [], label=f"{arm} (no {part} monitor)")
         ax.set_ylabel(label, fontsize=8)
         ax.legend(fontsize=7, loc="upper right")
+    step_ax = axes[-1]
     for arm, (series, step_times) in by_arm.items():
         if step_times:
-            axes[3].plot(step_clock(series, step_times), step_times, marker=".", lw=0.8, label=arm)
-    axes[3].set_ylabel("step time (s), at each step's end", fontsize=8)
-    axes[3].set_xlabel("seconds since the monitors started", fontsize=8)
-    axes[3].legend(fontsize=7, loc="upper right")
+            step_ax.plot(step_clock(series, step_times), step_times, marker=".", lw=0.8, label=arm)
+    step_ax.set_ylabel("step time (s), at each step's end", fontsize=8)
+    step_ax.set_xlabel("time since the monitors started (s)", fontsize=8)
+    step_ax.legend(fontsize=7, loc="upper right")
     fig.suptitle("monitors beside the step times", fontsize=10)
-    return _save(fig, out_dir, FIGURE, subtitle, margins={"bottom": 0.08, "top": 0.94, "hspace": 0.25})
+    height = fig.get_figheight()          # the x label and the 3-line footer take about 1.1 in, whatever the panels
+    return _save(fig, out_dir, FIGURE, subtitle, margins={"bottom": 1.1 / height, "top": 1 - 0.55 / height, "hspace": 0.25})

@@ -21,12 +21,14 @@ import pytest
 
 from kit.model.documents import schema_problems
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "claims" / "smoke-mismatch.json"
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "manifests" / "claims" / "smoke-mismatch.json"
 pytestmark = pytest.mark.slow
 
 
 def kit(*args, cwd: Path, timeout=600):
-    env = dict(os.environ, KIT_WORKSPACE=str(cwd / "ws"))
+    # this checkout's kit, whatever the installed one points at (the site is outside the repository)
+    env = dict(os.environ, KIT_WORKSPACE=str(cwd / "ws"), PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, env=env, cwd=cwd,
                           timeout=timeout)
 
