@@ -40,6 +40,16 @@ def _finite(values):
     return [v for v in values if v is not None and math.isfinite(v)]
 
 
+# The engine logs these as per-sample means; as every other report of the kit, they are counted in tokens
+# per step (x the global batch size), not as the engine's mean (3.5 where the step had 56 mismatched tokens).
+TOKEN_COUNTS = ("mismatch_count",)
+
+
+def _run_values(run, metric: str, key: str) -> list[float]:
+    scale = run.global_batch_size if metric in TOKEN_COUNTS else 1
+    return [v * scale for v in _finite(run.values(key))]
+
+
 def _seed_of(arm) -> int | None:
     seed = manifest_workload(arm.manifest).get("seed") if arm.manifest else None
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else None   # JSON true is no seed
@@ -96,7 +106,7 @@ def analyze_replicates(arms, draws: int = DRAWS, seed: int = SEED) -> dict:
     """The analysis-replicates/v1 document (module doc)."""
     groups = _groups(arms)
     names = list(groups)
-    values = {n: {m: [_finite(r.values(key)) for r in runs] for m, key in METRICS.items()} for n, runs in groups.items()}
+    values = {n: {m: [_run_values(r, m, key) for r in runs] for m, key in METRICS.items()} for n, runs in groups.items()}
     arms_doc = []
     for name, runs in groups.items():
         metrics = {}

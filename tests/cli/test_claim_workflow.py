@@ -189,3 +189,18 @@ def test_the_page_renders_in_a_headless_browser(site, tmp_path, args, banner, ta
         shot = tmp_path / f"page-{name}.png"
         result = chromium(f"--screenshot={shot}", f"--window-size={size}", page.as_uri(), cwd=tmp_path)
         assert result.returncode == 0 and shot.read_bytes().startswith(b"\x89PNG"), result.stderr[-2000:]
+
+
+def test_the_noise_floor_counts_mismatched_tokens_as_the_verdict_does(site, tmp_path):
+    doc = verdict(site, "supported.sealed.json", "noise.verdict.json", code=0)
+    proc = ok(kit("analyze", "replicates", *runs_of(site, "smoke-mismatch-reference"),
+                  *runs_of(site, "smoke-mismatch-treatment"), "--out", str(tmp_path / "noise"), "--no-figures", cwd=site))
+    assert "mismatch_count" in proc.stdout
+    replicates = json.loads((tmp_path / "noise" / "replicates.json").read_text())
+    by_arm = {a["arm"]: a["metrics"]["mismatch_count"]["seed_means"] for a in replicates["arms"]}
+    stats = doc["statistics"]["arms"]
+    assert by_arm["smoke-native"] == stats["reference"]["seed_means"] and by_arm["smoke"] == stats["treatment"]["seed_means"]
+    assert min(by_arm["smoke-native"]) > 10          # tokens per step (x16), not the engine's per-sample mean
+    diff = replicates["differences"][0]["metrics"]["mismatch_count"]
+    assert (diff["ci95_low"], diff["ci95_high"]) == (doc["statistics"]["difference"]["ci95_low"],
+                                                    doc["statistics"]["difference"]["ci95_high"])
