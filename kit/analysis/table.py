@@ -124,9 +124,9 @@ def _read_lines(path: Path):
 
 def load_arm(path: Path | str, name: str | None = None, global_batch_size: int | None = None) -> ArmLog:
     """Read a run directory or a bare log file into an ArmLog; BadInput names what is wrong."""
-    path = Path(path)
+    given, path = str(path), Path(path)     # named as given: Path() folds "a//b" into "a/b"
     if not path.exists():
-        raise BadInput(f"{path}: no such file or directory; expected a run directory or a VIME log file")
+        raise BadInput(f"{given}: no such file or directory; expected a run directory or a VIME log file")
     run_dir, manifest = None, None
     if path.is_dir():
         run_dir, log_path = path, path / RUN_LOG

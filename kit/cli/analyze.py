@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 
 import click
+
+from kit.cli._output import no_empty_paths
 from kit.analysis.table import load_arms
 from kit.analysis.stats import single_threaded_blas
 from kit.analysis.output import publish, refuse_existing, write_csv, write_json
@@ -39,7 +41,7 @@ NOTES_FILE = "notes.txt"
 def _load(paths, names, global_batch_size):
     """Load the runs; every skipped (unparseable) record line is warned about on stderr."""
 
-    arms = load_arms([Path(p) for p in paths], names, global_batch_size)
+    arms = load_arms(list(paths), names, global_batch_size)
     for arm in arms:
         messages = arm.unparseable_messages()
         for message in messages[:20]:
@@ -104,7 +106,7 @@ def _options(fn):
 
 
 @command.command("perf")
-@click.argument("runs", nargs=-1, required=True, metavar="RUN_OR_LOG...")
+@click.argument("runs", nargs=-1, required=True, metavar="RUN_OR_LOG...", callback=no_empty_paths)
 @_options
 @click.option("--paired/--unpaired", "paired", default=None,
               help="Bootstrap pairing. Default: each subset is paired when both arms hold its steps at "
@@ -274,7 +276,7 @@ def _length_text(s) -> list[str]:
 
 
 @command.command("convergence")
-@click.argument("runs", nargs=-1, required=True, metavar="RUN...")
+@click.argument("runs", nargs=-1, required=True, metavar="RUN...", callback=no_empty_paths)
 @_options
 @click.option("--phase", default=None, help="Phase label for every run (default: name of the run's parent directory).")
 @click.option("--accept-gate-sets", is_flag=True, help="Runs judged by different gate-set versions may still be a "
@@ -331,7 +333,7 @@ def convergence(runs, out_dir, names, global_batch_size, figures, as_json, phase
 
 
 @command.command("replicates")
-@click.argument("runs", nargs=-1, required=True, metavar="RUN_OR_GROUP...")
+@click.argument("runs", nargs=-1, required=True, metavar="RUN_OR_GROUP...", callback=no_empty_paths)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output directory; created if missing. Existing files are never overwritten.")
 @click.option("--draws", type=click.IntRange(min=100), default=2000, show_default=True, help="Bootstrap draws.")

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import click
+
+from kit.cli._output import no_empty_paths
 from kit.analysis.table import load_arms
 from kit.export.mlflow_runs import SCHEMA, export_runs
 from kit.model.documents import schema_problems
@@ -22,7 +24,7 @@ def command():
 
 
 @command.command("mlflow")
-@click.argument("runs", nargs=-1, required=True, metavar="RUN...")
+@click.argument("runs", nargs=-1, required=True, metavar="RUN...", callback=no_empty_paths)
 @click.option("--tracking-uri", default=None, metavar="URI",
               help="Any MLflow tracking URI (default: sqlite:///mlflow.db in the current directory).")
 @click.option("--artifacts", "artifact_root", type=click.Path(file_okay=False, path_type=Path), default=None,

@@ -190,6 +190,11 @@ REGRESSIONS = [
     (["cluster", "wait"], ["--address", "", "--nodes", "1", "--timeout", "0.1"], {}),
     (["analyze", "perf"], ["@fifo", "--out", "@root"], {}),
     (["analyze", "perf"], ["@zero", "--out", "@root"], {}),
+    # an empty path is "." to pathlib, and "a//b" is "a/b": each was named as pathlib made it, not as given
+    (["analyze", "perf"], ["", "--out", "@missing"], {}),
+    (["analyze", "replicates"], ["", "--out", "@missing"], {}),
+    (["export", "mlflow"], [""], {}),
+    (["analyze", "perf"], ["http://127.0.0.1:1", "--out", "@missing"], {}),
 ]
 
 
