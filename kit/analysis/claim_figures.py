@@ -12,11 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from kit.analysis.monitors import parse_vmstat
-from kit.analysis.plots import DPI, _pyplot
+from kit.analysis.plots import CASE_COLORS, DPI, MIXED_COLOR, _pyplot
 from kit.model.regular_files import MAX_LOG_BYTES, read_regular_text
 
-CASE_COLORS = {"P/P": "#1f6fb4", "R/R": "#d9730d"}
-MIXED_COLOR = "#6a3d9a"
 
 
 def operators_label(arm_doc: dict) -> str:

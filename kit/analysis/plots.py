@@ -61,6 +61,47 @@ def _save(fig, out_dir: Path, stem: str, subtitle: str, margins: dict | None = N
     return names
 
 
+# One colour per operator case in every figure: production (P/P) blue, strict (R/R) orange, mixed purple.
+CASE_COLORS = {"P/P": "#1f6fb4", "R/R": "#d9730d"}
+MIXED_COLOR = "#6a3d9a"
+
+
+def case_style(name: str, case) -> tuple[str, str]:
+    """``("smoke (R/R)", "#d9730d")``: an arm's label and colour from its name and operator case."""
+    return (f"{name} ({case})" if case else name), CASE_COLORS.get(case, MIXED_COLOR if case else None)
+
+
+def _group_cases(rounds) -> dict:
+    cases: dict = {}
+    for r in rounds:
+        cases.setdefault(r["group"], set()).add(r.get("operator_case"))
+    return {g: next(iter(c)) if len(c) == 1 else None for g, c in cases.items()}
+
+
+def _symlog_ticks(ax, linthresh: float, most: int = 6) -> None:
+    """At most ``most`` labelled decades on a symlog axis (every decade from 1e-9 up would overlap)."""
+    import math
+
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    lo, hi = ax.get_ylim()
+    top = max(abs(lo), abs(hi), linthresh)
+    first, last = math.floor(math.log10(linthresh)), math.ceil(math.log10(top))
+    step = max(1, math.ceil((last - first + 1) / (most - 1)))
+    decades = [10.0 ** e for e in range(last, first - 1, -step)]
+    ticks = sorted({0.0, *decades, *(-d for d in decades if -d >= lo)})
+    shown = [t for t in ticks if lo <= t <= hi]
+    if len(shown) < 2:        # the data span less than a decade: a few plain ticks inside it
+        from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
+        ax.yaxis.set_major_locator(MaxNLocator(4))
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_locator(NullLocator())
+        return
+    ax.yaxis.set_major_locator(FixedLocator(shown))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
 def moving_average(values, window: int = MOVING_AVERAGE):
     """Trailing mean over up to ``window`` finite values; None before the first value."""
     out, buf = [], []
@@ -244,17 +285,17 @@ def _group_series(rounds, group, col):
 
 CONVERGENCE_GRIDS = (
     ("consistency", "Train/rollout log-prob consistency", (
-        ("mean_abs_dlogp", "mean |train logp − rollout logp|", "symlog"),
-        ("max_abs_dlogp", "max |train logp − rollout logp|", "symlog"),
+        ("mean_abs_dlogp", "mean |train logp − rollout logp| (nats)", "symlog"),
+        ("max_abs_dlogp", "max |train logp − rollout logp| (nats)", "symlog"),
         ("mismatch_rate", "mismatch rate (mismatch / active tokens)", "linear"),
-        ("mismatch_count", "bitwise mismatches per step", "symlog-count")), ()),
+        ("mismatch_count", "bitwise mismatches per step (tokens)", "symlog-count")), ()),
     ("learning", "Learning", (
         ("raw_reward", "raw reward", "linear"), ("reward", "normalized reward", "linear"),
         ("response_length", "mean response length (tokens)", "linear"),
         ("truncated_ratio", "truncated ratio", "linear")), ("raw_reward", "response_length")),
     ("optimization", "Optimization", (
-        ("train_loss", "loss", "symlog"), ("grad_norm", "grad norm", "symlog"),
-        ("ppo_kl", "PPO KL", "symlog"), ("pg_clipfrac", "clip fraction", "linear")), ()),
+        ("train_loss", "loss (policy-gradient objective)", "symlog"), ("grad_norm", "grad norm (L2)", "symlog"),
+        ("ppo_kl", "PPO KL (nats)", "symlog"), ("pg_clipfrac", "clip fraction (share of tokens)", "linear")), ()),
     ("performance", "Performance", (
         ("step_time", "step time (s)", "linear"), ("rollout_time", "rollout time (s)", "linear"),
         ("train_time", "train time (s)", "linear"), ("actor_tokens_per_second", "actor tokens / s", "linear")),
@@ -271,25 +312,39 @@ def convergence_figures(report, out_dir: Path, pool=None) -> list[str]:
 
 def convergence_grid(view, out_dir: Path, stem: str, title: str, panels, ma=()) -> list[str]:
     """One 2×2 figure: a panel per column of rounds.csv, a line per group (its runs averaged per step)."""
+    from matplotlib.ticker import MaxNLocator
+
     plt, rounds = _pyplot(), view["rounds"]
     groups = list(dict.fromkeys(r["group"] for r in rounds))
+    styles = {g: case_style(g, c) for g, c in _group_cases(rounds).items()}
     fig, axes = plt.subplots(2, 2, figsize=(10, 7.2), squeeze=False)
     for ax, (col, label, scale) in zip(axes.flat, panels):
-        for g in groups:
-            xs, ys = _ratio_series(rounds, g) if col == "mismatch_rate" else _group_series(rounds, g, col)
+        series = {g: (_ratio_series(rounds, g) if col == "mismatch_rate" else _group_series(rounds, g, col)) for g in groups}
+        values = [y for _, ys in series.values() for y in ys]
+        if not values or all(y == 0 for y in values):
+            # nothing to see at full size: say it in words instead of drawing a flat line
+            ax.set_axis_off()
+            ax.text(0.5, 0.5, f"{label}:\n{'not logged' if not values else '0 at every step of every arm'}",
+                    ha="center", va="center", fontsize=9, color="#555555", transform=ax.transAxes)
+            continue
+        for g, (xs, ys) in series.items():
             if not xs:
                 continue
+            name, color = styles[g]
             if col in ma:
-                line = ax.plot(xs, ys, lw=0.6, alpha=0.35)[0]
-                ax.plot(xs, moving_average(ys), lw=1.5, color=line.get_color(), label=f"{g} ({MOVING_AVERAGE}-step mean)")
+                ax.plot(xs, ys, lw=0.6, alpha=0.35, color=color)
+                ax.plot(xs, moving_average(ys), lw=1.5, color=color, label=f"{name} ({MOVING_AVERAGE}-step mean)")
             else:
-                ax.plot(xs, ys, lw=1.0, label=g)
+                ax.plot(xs, ys, lw=1.0, color=color, label=name)
         if scale == "symlog":
             ax.set_yscale("symlog", linthresh=1e-9)
+            _symlog_ticks(ax, 1e-9)
         elif scale == "symlog-count":
             ax.set_yscale("symlog", linthresh=1.0)
+            _symlog_ticks(ax, 1.0)
         ax.set_title(label, fontsize=9)
-        ax.set_xlabel("step")
+        ax.set_xlabel("step (one optimizer step per rollout)", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=7)
     fig.suptitle(title)
     return _save(fig, out_dir, stem, view["subtitle"])
