@@ -12,22 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from kit.analysis.monitors import parse_vmstat
-from kit.analysis.plots import CASE_COLORS, DPI, MIXED_COLOR, _pyplot
+from kit.analysis.plots import DPI, _pyplot, case_style, operators_label
 from kit.model.regular_files import MAX_LOG_BYTES, read_regular_text
 
 
 
-def operators_label(arm_doc: dict) -> str:
-    """``"R/R"`` when every operator case is R/R, ``"P/P"`` when every one is P/P, else the three cases."""
-    ops = arm_doc.get("operators") if isinstance(arm_doc.get("operators"), dict) else {}
-    cases = [str(ops.get(k)) for k in ("attention", "ffn", "logp")]
-    return cases[0] if len(set(cases)) == 1 else "attn " + " · ".join(cases)
-
-
 def arm_style(name: str, arm_doc: dict) -> tuple[str, str]:
     """``(label, colour)`` of an arm, the same in every figure: ``("smoke (R/R)", "#d9730d")``."""
-    case = operators_label(arm_doc)
-    return f"{name} ({case})", CASE_COLORS.get(case, MIXED_COLOR)
+    label, color = case_style(name, operators_label(arm_doc))
+    return label, color or "#555555"
 
 
 def _save_png(fig, out_dir: Path, stem: str, note: str) -> str:

@@ -241,7 +241,8 @@ def analyze_perf(arms, *, steady_from: int = 1, pairing: str = "auto", draws: in
                            "comparisons": []}
     if on_descriptives is not None:
         # copies: the rows get their comparison label below, while a drawing process may still be reading these
-        early = {"subsets": {"all": {**subsets["all"], "comparisons": []}}}
+        early = {"subsets": {"all": {**subsets["all"], "comparisons": []}},     # arms: the figures' labels and colours
+                 "arms": [{"name": a.name, "run_dir": str(a.run_dir) if a.run_dir else None} for a in arms]}
         on_descriptives(PerfReport(tuple(dict(r) for n in names for r in per_arm[n]), early, (), verdict,
                                    tuple(names)))
     summary_rows = []

@@ -11,6 +11,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 from kit.analysis.perf import STAGES
+from kit.model.documents import read_json_file
+from kit.model.errors import KitError
 
 # Drawing is most of analyze's time: fixed margins instead of tight_layout (which draws every figure
 # once more to measure it), footers wrapped by character count instead of matplotlib's wrap=True
@@ -118,10 +120,37 @@ def _series(rows, arm, col):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def operators_label(arm_doc: dict) -> str | None:
+    """``"R/R"`` when every operator case is R/R, ``"P/P"`` when every one is P/P, else the three cases;
+    None without operators (a bare log)."""
+    ops = arm_doc.get("operators") if isinstance(arm_doc, dict) and isinstance(arm_doc.get("operators"), dict) else None
+    if not ops:
+        return None
+    cases = [str(ops.get(k)) for k in ("attention", "ffn", "logp")]
+    return cases[0] if len(set(cases)) == 1 else "attn " + " · ".join(cases)
+
+
+def _case_of_run(run_dir) -> str | None:
+    if not run_dir:
+        return None
+    try:
+        manifest = read_json_file(Path(run_dir) / "manifest.json")
+    except KitError:
+        return None
+    return operators_label(manifest.get("arm")) if isinstance(manifest, dict) else None
+
+
 def perf_view(report) -> dict:
     """What the perf figures read, as plain data that a drawing process can receive."""
+    cases = {a["name"]: _case_of_run(a.get("run_dir")) for a in report.summary.get("arms", [])}
     return {"subtitle": report.comparability.headline(), "rows": report.rows, "arms": report.arm_names,
-            "summary": report.summary}
+            "summary": report.summary, "styles": {a: case_style(a, cases.get(a)) for a in report.arm_names}}
+
+
+def _style(view, arm, i):
+    """An arm's label and colour in the perf figures: by its operator case, else the i-th default colour."""
+    label, color = view.get("styles", {}).get(arm, (arm, None))
+    return label, color or f"C{i}"
 
 
 PERF_DRAWINGS = ("performance-decomposition", "length-controlled-scaling", "stage-time-series",
@@ -206,11 +235,12 @@ def length_controlled_scaling(view, out_dir: Path) -> list[str]:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, (ycol, xcol, xname, ylabel) in zip(axes, panels):
         fit = fits.get((ycol, xname))
-        for a in arms:
+        for i, a in enumerate(arms):
             pts = [(r[xcol] / 1e3, r[ycol]) for r in rows if r["arm"] == a and r[xcol] is not None and r[ycol] is not None]
             if not pts:
                 continue
-            colour = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", ms=2.5, alpha=0.5, label=a)[0].get_color()
+            name, colour = _style(view, a, i)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", ms=2.5, alpha=0.5, label=name, color=colour)
             if fit:
                 xs = [min(p[0] for p in pts), max(p[0] for p in pts)]
                 if per_arm:
@@ -242,15 +272,16 @@ def stage_time_series(view, out_dir: Path) -> list[str]:
             ("step_time_s", "step time (s)")]
     fig, axes = plt.subplots(len(cols), 1, figsize=(10, 8), sharex=True)
     for ax, (col, label) in zip(axes, cols):
-        for a in arms:
+        for i, a in enumerate(arms):
             xs, ys = _series(rows, a, col)
             if not xs:
                 continue
-            line = ax.plot(xs, ys, lw=0.6, alpha=0.35)[0]
-            ax.plot(xs, moving_average(ys), lw=1.6, color=line.get_color(), label=f"{a} ({MOVING_AVERAGE}-step mean)")
+            name, colour = _style(view, a, i)
+            ax.plot(xs, ys, lw=0.6, alpha=0.35, color=colour)
+            ax.plot(xs, moving_average(ys), lw=1.6, color=colour, label=f"{name} ({MOVING_AVERAGE}-step mean)")
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
-    axes[-1].set_xlabel("step")
+    axes[-1].set_xlabel("step (one optimizer step per rollout)")
     axes[0].set_title("Stage times per step")
     return _save(fig, out_dir, "stage-time-series", subtitle)
 
@@ -262,7 +293,8 @@ def token_normalized_throughput(view, out_dir: Path) -> list[str]:
     for ax, (col, label) in zip(axes, (("rollout_tok_per_gpu_s", "rollout tokens / GPU / s"),
                                        ("actor_train_tok_s", "actor train tokens / s"))):
         means = [block[a]["metrics"][col]["mean"] for a in arms]
-        ax.bar(arms, [m or 0.0 for m in means], color=[f"C{i}" for i in range(len(arms))])
+        ax.bar([_style(view, a, i)[0] for i, a in enumerate(arms)], [m or 0.0 for m in means],
+               color=[_style(view, a, i)[1] for i, a in enumerate(arms)])
         ref = means[0]
         for i, m in enumerate(means):
             if m is not None:

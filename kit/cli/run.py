@@ -18,6 +18,8 @@ from kit.run.attach import attach
 from kit.run.execute import execute
 from kit.model.documents import read_json_file
 from kit.run.replicates import parse_seeds, run_replicates
+from kit.evidence.claims import read_sealed_claim
+from kit.run.claimed import run_claim
 
 
 def default_workspace() -> Path:
@@ -142,9 +144,6 @@ def command(arm_ref, mode, tp_size, cp_size, rollout_tp_size, rollout_cp_size, r
 
 def _run_claim(claim_file: Path, given: dict, as_json: bool, log) -> None:
     """kit run --claim SEALED: every declared run not yet made (kit.run.claimed)."""
-    from kit.evidence.claims import read_sealed_claim
-    from kit.run.claimed import run_claim
-
     fixed = {"--arm": "arm_ref", "--mode": "mode", "--run-id": "run_id", "--rollouts": "rollouts", "--seeds": "seeds",
              "--dry-run": "dry_run", "--detach": "wait", "--attach": "attach_dir"}
     extra = [flag for flag, name in fixed.items() if (given[name] is False if name == "wait" else given[name] not in (None, False))]

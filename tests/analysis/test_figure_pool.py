@@ -36,7 +36,7 @@ def test_early_figures_come_from_descriptives_and_equal_the_full_reports(tmp_pat
     seen = []
     report = analyze_perf(arms, draws=200, on_descriptives=seen.append)
     (early,) = seen
-    assert list(early.summary) == ["subsets"] and list(early.summary["subsets"]) == ["all"]
+    assert list(early.summary) == ["subsets", "arms"] and list(early.summary["subsets"]) == ["all"]
     assert early.summary["subsets"]["all"]["comparisons"] == []                 # drawn before any bootstrap
     assert report.summary["subsets"]["all"]["comparisons"]
     assert early.summary["subsets"]["all"]["arms"] == report.summary["subsets"]["all"]["arms"]
