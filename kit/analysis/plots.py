@@ -408,16 +408,17 @@ def noise_floor_figure(doc, out_dir: Path) -> list[str]:
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.3 * rows), squeeze=False)
     verdicts = {m: v for d in doc["differences"] for m, v in d["metrics"].items()}
     names = [a["arm"] for a in doc["arms"]]
+    styles = [case_style(a["arm"], _case_of_run((a["runs"] or [{}])[0].get("source"))) for a in doc["arms"]]
     for ax, metric in zip(axes.flat, metrics):
         for i, arm in enumerate(doc["arms"]):
             m = arm["metrics"].get(metric)
             if m is None:
                 continue
-            means = m["seed_means"]
-            ax.plot([i] * len(means), means, "o", ms=4, color=f"C{i}", alpha=0.8)
-            ax.plot([i, i], [min(means), max(means)], lw=6, color=f"C{i}", alpha=0.25, solid_capstyle="butt")
-            ax.plot([i - 0.2, i + 0.2], [m["mean"]] * 2, lw=1.5, color=f"C{i}")
-        ax.set_xticks(range(len(names)), [f"{n}\n({len(a['runs'])} seeds)" for n, a in zip(names, doc["arms"])],
+            means, color = m["seed_means"], styles[i][1] or f"C{i}"
+            ax.plot([i] * len(means), means, "o", ms=4, color=color, alpha=0.8)
+            ax.plot([i, i], [min(means), max(means)], lw=6, color=color, alpha=0.25, solid_capstyle="butt")
+            ax.plot([i - 0.2, i + 0.2], [m["mean"]] * 2, lw=1.5, color=color)
+        ax.set_xticks(range(len(names)), [f"{s[0]}\n({len(a['runs'])} seeds)" for s, a in zip(styles, doc["arms"])],
                       fontsize=7)
         ax.set_xlim(-0.6, len(names) - 0.4)
         ax.set_ylabel(REPLICATE_UNITS[metric], fontsize=8)
