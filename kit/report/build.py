@@ -76,7 +76,7 @@ def monitors_table(run_dirs: dict) -> Table:
 
 def identity_table(differences: list, provenance, scope) -> list:
     rows = tuple((d["path"], d["a"], d["b"], d["status"]) for d in differences)
-    return [Paragraph(f"Provenance of identity: {provenance or 'unknown'}. {scope or ''}"),
+    return [Paragraph(f"Provenance of identity: {scope or provenance or 'unknown'}."),
             Table("identity", "Identity: every difference between the pair, declared or uncontrolled",
                   ("field", "A / reference", "B / treatment", "status"), rows)]
 
