@@ -58,8 +58,11 @@ def seal(claim_file: Path, out: Path | None, sign_key: Path | None, as_json: boo
     except KitError as exc:
         raise BadInput(f"FILE {exc}") from None
     key = load_private_key(sign_key) if sign_key else None
-    sealed = seal_claim(doc, lambda entry, rollouts: resolved_arm(select_arm(entry["arm"], entry.get("mode")), rollouts),
-                        key)
+    try:
+        sealed = seal_claim(doc, lambda entry, rollouts: resolved_arm(select_arm(entry["arm"], entry.get("mode")), rollouts),
+                            key)
+    except KitError as exc:       # the rules name "claim"; the user named a file
+        raise type(exc)(f"FILE {claim_file}: {str(exc).removeprefix('claim: ')}") from None
     out = out or _default_out(claim_file, ".sealed.json")
     if out.exists():
         raise BadInput(f"--out {out}: exists; a sealed claim is never overwritten, give another --out")
