@@ -189,6 +189,9 @@ def test_the_page_renders_in_a_headless_browser(site, tmp_path, args, banner, ta
         shot = tmp_path / f"page-{name}.png"
         result = chromium(f"--screenshot={shot}", f"--window-size={size}", page.as_uri(), cwd=tmp_path)
         assert result.returncode == 0 and shot.read_bytes().startswith(b"\x89PNG"), result.stderr[-2000:]
+    printed = tmp_path / "page.pdf"              # it prints: the print style gives a PDF of the page
+    result = chromium(f"--print-to-pdf={printed}", "--no-pdf-header-footer", page.as_uri(), cwd=tmp_path)
+    assert result.returncode == 0 and printed.read_bytes().startswith(b"%PDF"), result.stderr[-2000:]
 
 
 def test_the_noise_floor_counts_mismatched_tokens_as_the_verdict_does(site, tmp_path):
