@@ -117,17 +117,37 @@ def start_container(container) -> None:
         raise _explained(exc) from None
 
 
-def image_age_key(image) -> tuple:
-    """Sort key, oldest first: the engine's creation time to the nanosecond, then the id (a total order).
+def _rfc3339_key(text: str | None) -> tuple[int, int]:
+    """(seconds, nanoseconds) of the engine's RFC 3339 time; (0, 0) when absent or unreadable.
 
-    The engine writes RFC 3339 with trailing zeros of the fraction dropped, so the strings themselves
-    do not sort ("…:56.1Z" is later than "…:56.12Z" as text)."""
-    created = image.attrs.get("Created") or ""
-    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?$", created)
+    The engine writes the fraction with trailing zeros dropped, so the strings themselves do not
+    sort ("…:56.1Z" is later than "…:56.12Z" as text)."""
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?$", text or "")
     if not m:
-        return (0, 0, image.id)
+        return (0, 0)
     when = _dt.datetime.fromisoformat(m.group(1) + ("+00:00" if m.group(3) in (None, "Z") else m.group(3)))
-    return (int(when.timestamp()), int((m.group(2) or "0").ljust(9, "0")[:9]), image.id)
+    return (int(when.timestamp()), int((m.group(2) or "0").ljust(9, "0")[:9]))
+
+
+def image_age_key(image) -> tuple:
+    """Sort key, oldest first: the engine's creation time to the nanosecond, then when the image was
+    last tagged, then the id (a total order). Reproducible builds give every image one creation time
+    (SOURCE_DATE_EPOCH), so among them the one ``kit build`` made or reused last is the newest
+    (:func:`mark_built`), not whichever id is larger."""
+    last_tag = _rfc3339_key((image.attrs.get("Metadata") or {}).get("LastTagTime"))
+    return (*_rfc3339_key(image.attrs.get("Created")), *last_tag, image.id)
+
+
+def mark_built(engine_client, image_id: str, ref: str) -> None:
+    """Tag ``image_id`` as ``ref`` again: the engine records the time (LastTagTime), which
+    :func:`image_age_key` reads, so the image a build made or reused counts as the newest."""
+    import docker
+
+    repository, _, tag = ref.rpartition(":")
+    try:
+        engine_client.images.get(image_id).tag(repository, tag=tag)
+    except docker.errors.APIError as exc:
+        raise _explained(exc) from None
 
 
 def newest(images):

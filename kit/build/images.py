@@ -182,6 +182,7 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
             found = find_provenance(workspace, label) or recover_provenance(client, plan, existing, workspace=workspace,
                                                                              arm=arm)
             record["provenance"] = {"path": str(found) if found else "", "sha256": label}
+        dockerdoor.mark_built(client, existing.id, plan.tag)     # the image a run of this stack now finds first
         return BuildResult(plan.tag, existing.id, True, 0, record["durations_s"], write_build_record(record, workspace),
                            record, reused=True)
     skipped = None
@@ -231,6 +232,8 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
     if plan.served:
         record["wheelhouse"] = {"files": len(plan.served), "served": served["count"], "served_bytes": served["bytes"]}
     record_path = write_build_record(record, workspace) if write_record else None
+    if load_tag is None:     # not --check-reproducible's second build, which is named apart
+        dockerdoor.mark_built(client, image_id, plan.tag)
     return BuildResult(plan.tag, image_id, cached, total, record["durations_s"], record_path, record,
                        normalized=normalized)
 

@@ -318,7 +318,7 @@ def test_bad_suite_ids_are_refused_and_create_nothing(tmp_path_factory, suite_id
     # kit run would refuse each of the eight arms for it; the suite refuses it once, before anything exists
     (["--rollouts", "2", "--stack", "smoke", "--image", "x:y"], "--image needs --runtime docker"),
     (["--rollouts", "2", "--stack", "smoke", "--runtime", "ray", "--ray-address", "head:8265"],
-     "--ray-address head:8265: give the dashboard URL"),
+     "--ray-address 'head:8265': scheme 'head' is not http or https; give the dashboard's URL"),
 ])
 def test_bad_flags_exit_2_and_write_nothing(tmp_path, args, named):
     proc = kit("suite", "module", "--suite-id", "b1", *args, "--allow-dirty", env={"KIT_WORKSPACE": str(tmp_path)})
