@@ -189,24 +189,21 @@ def rope_glue(L, gen):
         pos = (torch.arange(tokens, device="cuda").view(1, -1) if tokens > 1
                else torch.full((batch, 1), 2048, device="cuda"))
 
-        def glue(rows, tile=0):
+        def glue():
             q = tp.rms_norm_rope(prod[..., :L.nq], L.w["q_norm"], cfg.norm_eps, L.cos, L.sin, pos,
-                                 heads=cfg.heads, scale=d ** -0.5, tile=tile)
+                                 heads=cfg.heads, scale=d ** -0.5)
             k = tp.rms_norm_rope(prod[..., L.nq:L.nq + L.nk], L.w["k_norm"], cfg.norm_eps, L.cos, L.sin, pos,
-                                 heads=cfg.query_groups, tile=tile)
+                                 heads=cfg.query_groups)
             return q, k
 
-        base = glue(1)
-        row = {"tokens": tokens, "batch": batch}
-        fns = {}
-        for rows, tile in ((1, 0), (1, 2), (1, 4), (1, 8)):
-            name = f"tile_{tile}" if tile else f"rows_{rows}"
-            try:
-                got = glue(rows, tile)
-                row[f"same_bits_{name}"] = _same(got[0], base[0]) and _same(got[1], base[1])
-                fns[name] = (lambda r, t: lambda: glue(r, t))(rows, tile)
-            except Exception as exc:
-                row[f"error_{name}"] = repr(exc)[:200]
+        def glue_qkv():
+            return tp.qkv_glue(prod, L.w["q_norm"], L.w["k_norm"], cfg.norm_eps, L.cos, L.sin, pos,
+                               heads=cfg.heads, groups=cfg.query_groups, scale=d ** -0.5)
+
+        base, one = glue(), glue_qkv()
+        row = {"tokens": tokens, "batch": batch,
+               "same_bits_qkv_glue": _same(one[0], base[0]) and _same(one[1], base[1])}
+        fns = {"q_and_k_launches": glue, "qkv_one_launch": glue_qkv}
         row.update(_timed(fns, 10 if m >= 4096 else 50))
         out.append(row)
         print("rope", row, flush=True)

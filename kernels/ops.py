@@ -315,10 +315,11 @@ def _project_heads(impl, w, cfg, rope, x, pos, tp):
 
 def _project_heads_fused(w, cfg, rope, normed, pos, tp):
     """R on the GPU (bf16): the ranks' QKV GEMM outputs gathered in shard order, then q/k RMSNorm,
-    RoPE, q's scale and the head split in one kernel each (``rms_norm_rope``, which rounds where the
-    eager bf16 ops round: the bits of the path above, in 2 launches instead of about 20)."""
+    RoPE, q's scale and the head split of q, k and v in one kernel (``qkv_glue``: one program per
+    token, rounding where the eager bf16 ops round; the norm's sum of squares is a per-head tile
+    reduction, so its bits may differ from the path above by a rounding, the same in every layout)."""
     import torch
-    from rlk_kernels.gpu.triton_pointwise import rms_norm_rope
+    from rlk_kernels.gpu.triton_pointwise import qkv_glue
     group = group_for("tp", tp)
     c, d = cfg.canonical_tp, cfg.head_dim
     shard_w = _qkv_shard_weights(w, cfg)
@@ -327,13 +328,9 @@ def _project_heads_fused(w, cfg, rope, normed, pos, tp):
         shards = virtual_shards(rank, tp, c)
         per_rank[rank] = strict_linear_rows(normed, shard_w[shards.start:shards.stop])
     out = torch.cat(all_gather(group, per_rank), dim=0)                      # [C, M, cols]
-    nq, nk = cfg.heads // c * d, cfg.query_groups // c * d
     cos, sin = rope
-    q = rms_norm_rope(out[..., :nq], w["q_norm"], cfg.norm_eps, cos, sin, pos, heads=cfg.heads, scale=d ** -0.5)
-    k = rms_norm_rope(out[..., nq:nq + nk], w["k_norm"], cfg.norm_eps, cos, sin, pos, heads=cfg.query_groups)
-    b, length = pos.shape
-    v = out[..., nq + nk:].reshape(c, b * length, -1, d).permute(1, 0, 2, 3)
-    return q, k, v.reshape(b, length, cfg.query_groups, d).transpose(1, 2)
+    return qkv_glue(out, w["q_norm"], w["k_norm"], cfg.norm_eps, cos, sin, pos, heads=cfg.heads,
+                    groups=cfg.query_groups, scale=d ** -0.5)
 
 
 def _sdpa(q, k, v, *, causal=False, mask=None):

@@ -14,8 +14,6 @@ Example (``TRITON_INTERPRET=1`` on a CPU)::
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
@@ -34,74 +32,64 @@ def _rms_kernel(x_ptr, w_ptr, o_ptr, N, eps, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rms_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, N, eps, scale, T, HPS, HEADS,
-                     sxs, sxm, sob, soh, sot, BLOCK: tl.constexpr, HALF: tl.constexpr, SCALE: tl.constexpr):
-    """One (token, head) row: ``_rms_kernel``'s arithmetic, then RoPE and the scale rounded to bf16
-    after every operation exactly as the eager bf16 ops round (``x1*c - x2*s``, ``x2*c + x1*s``,
-    ``* scale``). The row is read from the per-shard product [S, M, ...] and written in [B, H, T, D]."""
-    pid = tl.program_id(0).to(tl.int64)
-    tok = pid // HEADS
-    head = pid % HEADS
-    cols = tl.arange(0, BLOCK)
-    ok = cols < N
-    src = x_ptr + (head // HPS) * sxs + tok * sxm + (head % HPS) * N
-    x = tl.load(src + cols, mask=ok, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / N + eps)
-    y = (x * inv * w).to(tl.bfloat16).to(tl.float32)
-    first = cols < HALF
-    partner = tl.where(first, cols + HALF, cols - HALF)
-    xp = tl.load(src + partner, mask=ok, other=0.0).to(tl.float32)
-    wp = tl.load(w_ptr + partner, mask=ok, other=0.0).to(tl.float32)
-    yp = (xp * inv * wp).to(tl.bfloat16).to(tl.float32)
-    p = tl.load(pos_ptr + tok)
-    at = tl.where(first, cols, cols - HALF)
-    c = tl.load(cos_ptr + p * HALF + at, mask=ok, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + p * HALF + at, mask=ok, other=0.0).to(tl.float32)
-    a = (y * c).to(tl.bfloat16).to(tl.float32)
-    b = (yp * s).to(tl.bfloat16).to(tl.float32)
-    out = tl.where(first, a - b, a + b).to(tl.bfloat16)
+def _norm_rope_heads(row, w_ptr, c, s, eps, H, HPS, COL0, sxs, HP2: tl.constexpr, D: tl.constexpr,
+                     HALF: tl.constexpr, HB: tl.constexpr, SCALE: tl.constexpr, scale):
+    """One token's ``H`` heads of q or k as one [heads, D/2] x 2 tile: each head's RMSNorm (its sum
+    of squares over both halves), then RoPE and the scale rounded to bf16 after every operation
+    exactly as the eager bf16 ops round (``x1*c - x2*s``, ``x2*c + x1*s``, ``* scale``). Head ``h``
+    is read from shard ``h // HPS`` of the per-shard product at column ``COL0 + (h % HPS) * D``."""
+    h = tl.arange(0, HP2)
+    d = tl.arange(0, HB)
+    dm = d < HALF
+    live = (h < H)[:, None] & dm[None, :]
+    src = row + (h // HPS).to(tl.int64)[:, None] * sxs + COL0 + (h % HPS)[:, None] * D + d[None, :]
+    x1 = tl.load(src, mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=live, other=0.0).to(tl.float32)
+    inv = (1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps))[:, None]
+    y1 = (x1 * inv * tl.load(w_ptr + d, mask=dm, other=0.0).to(tl.float32)[None, :]).to(tl.bfloat16).to(tl.float32)
+    y2 = (x2 * inv * tl.load(w_ptr + HALF + d, mask=dm, other=0.0).to(tl.float32)[None, :]).to(tl.bfloat16).to(tl.float32)
+    o1 = ((y1 * c).to(tl.bfloat16).to(tl.float32) - (y2 * s).to(tl.bfloat16).to(tl.float32)).to(tl.bfloat16)
+    o2 = ((y2 * c).to(tl.bfloat16).to(tl.float32) + (y1 * s).to(tl.bfloat16).to(tl.float32)).to(tl.bfloat16)
     if SCALE:
-        out = (out.to(tl.float32) * scale).to(tl.bfloat16)
-    dst = o_ptr + (tok // T) * sob + head * soh + (tok % T) * sot
-    tl.store(dst + cols, out, mask=ok)
+        o1 = (o1.to(tl.float32) * scale).to(tl.bfloat16)
+        o2 = (o2.to(tl.float32) * scale).to(tl.bfloat16)
+    return o1, o2, live
 
 
 @triton.jit
-def _rms_rope_tile_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, R, N, eps, scale, T, HPS, HEADS,
-                          sxs, sxm, sob, soh, sot, ROWS: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr,
-                          SCALE: tl.constexpr):
-    """:func:`_rms_rope_kernel` on a [ROWS, BLOCK] tile, launched with 4 warps per row: Triton lays
-    such a tile out one element per thread, 32 lanes and 4 warps along the row, so a row's sum is
-    the one-row kernel's in-block reduction (the benchmark checks the bytes on a GPU)."""
-    pid = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    live = pid < R
-    tok = pid // HEADS
-    head = pid % HEADS
-    cols = tl.arange(0, BLOCK)
-    ok = cols < N
-    m = live[:, None] & ok[None, :]
-    first = cols < HALF
-    partner = tl.where(first, cols + HALF, cols - HALF)
-    at = tl.where(first, cols, cols - HALF)
-    src = x_ptr + (head // HPS) * sxs + tok * sxm + (head % HPS) * N
-    x = tl.load(src[:, None] + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(x * x, 1) / N + eps)
-    y = (x * inv[:, None] * w[None, :]).to(tl.bfloat16).to(tl.float32)
-    xp = tl.load(src[:, None] + partner[None, :], mask=m, other=0.0).to(tl.float32)
-    wp = tl.load(w_ptr + partner, mask=ok, other=0.0).to(tl.float32)
-    yp = (xp * inv[:, None] * wp[None, :]).to(tl.bfloat16).to(tl.float32)
-    p = tl.load(pos_ptr + tok, mask=live, other=0)
-    c = tl.load(cos_ptr + p[:, None] * HALF + at[None, :], mask=m, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + p[:, None] * HALF + at[None, :], mask=m, other=0.0).to(tl.float32)
-    a = (y * c).to(tl.bfloat16).to(tl.float32)
-    b = (yp * s).to(tl.bfloat16).to(tl.float32)
-    out = tl.where(first[None, :], a - b, a + b).to(tl.bfloat16)
-    if SCALE:
-        out = (out.to(tl.float32) * scale).to(tl.bfloat16)
-    dst = o_ptr + (tok // T) * sob + head * soh + (tok % T) * sot
-    tl.store(dst[:, None] + cols[None, :], out, mask=m)
+def _glue_kernel(x_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, eps, scale, T,
+                 HQ, HKV, QPS, KPS, sxs, sxm, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
+                 HQ2: tl.constexpr, HKV2: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+                 HB: tl.constexpr, SCALE: tl.constexpr, KV: tl.constexpr):
+    """One program per token (the same code whatever the token count, so prefill and decode rows
+    get the same bits): q's heads normed, rotated and scaled into q [B, HQ, T, D]; with ``KV``, k's
+    heads normed and rotated into k and v's heads copied into v (the head split of the per-shard
+    product [S, M, q | k | v columns] in the same launch)."""
+    tok = tl.program_id(0).to(tl.int64)
+    b = tok // T
+    t = tok % T
+    p = tl.load(pos_ptr + tok)
+    d = tl.arange(0, HB)
+    c = tl.load(cos_ptr + p * HALF + d, mask=d < HALF, other=0.0).to(tl.float32)[None, :]
+    s = tl.load(sin_ptr + p * HALF + d, mask=d < HALF, other=0.0).to(tl.float32)[None, :]
+    row = x_ptr + tok * sxm
+    h = tl.arange(0, HQ2)
+    o1, o2, live = _norm_rope_heads(row, qw_ptr, c, s, eps, HQ, QPS, 0, sxs, HQ2, D, HALF, HB, SCALE, scale)
+    dst = q_ptr + b * sqb + h[:, None] * sqh + t * sqt + d[None, :]
+    tl.store(dst, o1, mask=live)
+    tl.store(dst + HALF, o2, mask=live)
+    if KV:
+        g = tl.arange(0, HKV2)
+        k1, k2, live = _norm_rope_heads(row, kw_ptr, c, s, eps, HKV, KPS, QPS * D, sxs, HKV2, D, HALF, HB, False,
+                                        1.0)
+        dst = k_ptr + b * skb + g[:, None] * skh + t * skt + d[None, :]
+        tl.store(dst, k1, mask=live)
+        tl.store(dst + HALF, k2, mask=live)
+        dd = tl.arange(0, 2 * HB)
+        live = (g < HKV)[:, None] & (dd < D)[None, :]
+        src = row + (g // KPS).to(tl.int64)[:, None] * sxs + (QPS + KPS) * D + (g % KPS)[:, None] * D + dd[None, :]
+        tl.store(v_ptr + b * svb + g[:, None] * svh + t * svt + dd[None, :], tl.load(src, mask=live, other=0.0),
+                 mask=live)
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -142,37 +130,43 @@ def swiglu(gate_up, per: int, out_dtype=None):
     return out
 
 
-# (token, head) rows per program of the q/k glue as one [rows, D] tile with 4 warps per row
-# (0: the one-row kernel; the same bits either way). Unrolling rows inside one program measured
-# slower than one row per program on the H200 (4096 tokens: 201 against 187 us at 4 rows, 238 at
-# 32; decode batch 8: 11 against 8 us: benchmarks/results/h200-gemm-certify.json) and was removed.
-ROPE_TILE = int(os.environ.get("RLK_ROPE_TILE_ROWS", "0"))
-
-
-def rms_norm_rope(x_shards, weight, eps: float, cos, sin, pos, *, heads: int, scale: float | None = None,
-                  tile: int | None = None):
+def rms_norm_rope(x_shards, weight, eps: float, cos, sin, pos, *, heads: int, scale: float | None = None):
     """RMSNorm over each head of the per-shard product ``x_shards`` [S, B*T, heads/S * D] (the q or
     k columns of the strict QKV GEMM), RoPE at positions ``pos`` [B, T] with the bf16 tables
-    ``cos``/``sin`` [positions, D/2], and the optional ``scale``; returns [B, heads, T, D] bf16. The
-    same bits as :func:`rms_norm`, the eager bf16 rotate-half RoPE and ``* scale`` one after another,
-    in one kernel instead of about a dozen (head split copies, norm, slices, products, cat, scale)."""
+    ``cos``/``sin`` [positions, D/2], and the optional ``scale``; returns [B, heads, T, D] bf16,
+    rounded where the eager bf16 ops round, in one launch of one program per token."""
     import torch
     shards, rows, width = x_shards.shape
     dim = width * shards // heads
     b, t = pos.shape
     out = torch.empty(b, heads, t, dim, dtype=torch.bfloat16, device=x_shards.device)
-    tile = ROPE_TILE if tile is None else tile
-    if rows and tile > 1:
-        total = rows * heads
-        _rms_rope_tile_kernel[(-(-total // tile),)](
-            x_shards, weight.contiguous(), cos, sin, pos.to(torch.int32).contiguous(), out, total, dim, eps,
-            1.0 if scale is None else scale, t, heads // shards, heads, x_shards.stride(0), x_shards.stride(1),
-            *out.stride()[:3], ROWS=tile, BLOCK=triton.next_power_of_2(dim), HALF=dim // 2,
-            SCALE=scale is not None, num_warps=4 * tile, enable_fp_fusion=False)
-    elif rows:
-        _rms_rope_kernel[(rows * heads,)](
-            x_shards, weight.contiguous(), cos, sin, pos.to(torch.int32).contiguous(), out, dim, eps,
-            1.0 if scale is None else scale, t, heads // shards, heads, x_shards.stride(0), x_shards.stride(1),
-            *out.stride()[:3], BLOCK=triton.next_power_of_2(dim), HALF=dim // 2, SCALE=scale is not None,
-            num_warps=4, enable_fp_fusion=False)
+    if rows:
+        _glue_kernel[(rows,)](
+            x_shards, weight.contiguous(), weight, cos, sin, pos.to(torch.int32).contiguous(), out, out, out, eps,
+            1.0 if scale is None else scale, t, heads, 0, heads // shards, 1, x_shards.stride(0), x_shards.stride(1),
+            *out.stride()[:3], 0, 0, 0, 0, 0, 0, HQ2=triton.next_power_of_2(heads), HKV2=1, D=dim,
+            HALF=dim // 2, HB=triton.next_power_of_2(dim // 2), SCALE=scale is not None, KV=False, num_warps=4, enable_fp_fusion=False)
     return out
+
+
+def qkv_glue(qkv_shards, q_weight, k_weight, eps: float, cos, sin, pos, *, heads: int, groups: int, scale: float):
+    """The strict QKV GEMM's per-shard product [S, B*T, (heads + 2*groups)/S * D] to attention's
+    inputs in one launch: q [B, heads, T, D] normed, rotated and scaled, k [B, groups, T, D] normed
+    and rotated (the bits of :func:`rms_norm_rope`), v [B, groups, T, D] copied."""
+    import torch
+    shards, rows, width = qkv_shards.shape
+    dim = width * shards // (heads + 2 * groups)
+    b, t = pos.shape
+    x = qkv_shards if qkv_shards.stride(2) == 1 else qkv_shards.contiguous()
+    q = torch.empty(b, heads, t, dim, dtype=torch.bfloat16, device=x.device)
+    k = torch.empty(b, groups, t, dim, dtype=torch.bfloat16, device=x.device)
+    v = torch.empty_like(k)
+    if rows:
+        _glue_kernel[(rows,)](
+            x, q_weight.contiguous(), k_weight.contiguous(), cos, sin, pos.to(torch.int32).contiguous(), q, k, v,
+            eps, scale, t, heads, groups, heads // shards, groups // shards, x.stride(0), x.stride(1),
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], HQ2=triton.next_power_of_2(heads),
+            HKV2=triton.next_power_of_2(groups), D=dim, HALF=dim // 2,
+            HB=triton.next_power_of_2(dim // 2), SCALE=True, KV=True, num_warps=4,
+            enable_fp_fusion=False)
+    return q, k, v

@@ -215,7 +215,7 @@ def test_rms_norm_and_swiglu_match_cpu():
 def test_rms_norm_rope_equals_the_eager_glue_up_to_rounding(b, t, heads, scale):
     # the fused kernel reads heads from the per-shard product and rounds where the eager bf16 ops
     # round; the interpreter converts fp32 to bf16 by truncation, so here the two agree to a bf16
-    # step (the GPU compares bytes: benchmarks/gpu_strict_kernels.py, fused_glue_equals_eager_glue)
+    # step (benchmarks/gpu_strict_kernels.py records the GPU's difference: fused_glue_vs_eager_glue)
     gen = torch.Generator().manual_seed(5)
     shards, d = 4, 128
     x = torch.randn(shards, b * t, heads // shards * d, generator=gen).to(torch.bfloat16)
@@ -232,10 +232,30 @@ def test_rms_norm_rope_equals_the_eager_glue_up_to_rounding(b, t, heads, scale):
     ref = ref * (scale or 1.0)
     assert out.shape == (b, heads, t, d) and out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, atol=4 * 2 ** -8 * (scale or 1.0) * 4, rtol=4 * 2 ** -8)
-    # several rows per program as one tile: the same rows, heads and positions
-    for kw in ({"tile": 2}, {"tile": 4}):
-        other = triton_pointwise.rms_norm_rope(x, w, 1e-6, cos, sin, pos, heads=heads, scale=scale, **kw)
-        torch.testing.assert_close(other.float(), out.float(), atol=2 * 2 ** -8 * (scale or 1.0) * 4, rtol=2 ** -7)
+    # one token alone (a decode row) gives that token's bytes of the whole batch (a prefill)
+    one = triton_pointwise.rms_norm_rope(x[:, -1:], w, 1e-6, cos, sin, pos[-1:, -1:], heads=heads, scale=scale)
+    assert torch.equal(one[0, :, 0].view(torch.int16), out[-1, :, -1].view(torch.int16))
+
+
+@pytest.mark.parametrize("b,t,shards", [(1, 5, 4), (2, 3, 2), (3, 1, 1)])
+def test_qkv_glue_gives_rms_norm_rope_bits_and_the_v_heads(b, t, shards):
+    # q, k and v of the per-shard product [S, M, q | k | v] in one launch: q and k are the bytes of
+    # rms_norm_rope on their column slices, v the heads copied into [B, groups, T, D]
+    gen = torch.Generator().manual_seed(7)
+    heads, groups, d = 8, 4, 8
+    width = (heads + 2 * groups) // shards * d
+    x = torch.randn(shards, b * t, width, generator=gen).to(torch.bfloat16)
+    qw, kw = ((1 + 0.1 * torch.randn(d, generator=gen)).to(torch.bfloat16) for _ in range(2))
+    angles = torch.arange(12, dtype=torch.float64)[:, None] * (1e4 ** (-torch.arange(d // 2) * 2 / d))[None]
+    cos, sin = torch.cos(angles).to(torch.bfloat16), torch.sin(angles).to(torch.bfloat16)
+    pos = torch.arange(12 - t, 12).view(1, -1).expand(b, -1)
+    q, k, v = triton_pointwise.qkv_glue(x, qw, kw, 1e-6, cos, sin, pos, heads=heads, groups=groups, scale=d ** -0.5)
+    nq, nk = heads // shards * d, groups // shards * d
+    q_ref = triton_pointwise.rms_norm_rope(x[..., :nq], qw, 1e-6, cos, sin, pos, heads=heads, scale=d ** -0.5)
+    k_ref = triton_pointwise.rms_norm_rope(x[..., nq:nq + nk], kw, 1e-6, cos, sin, pos, heads=groups)
+    v_ref = x[..., nq + nk:].reshape(shards, b * t, -1, d).permute(1, 0, 2, 3).reshape(b, t, groups, d).transpose(1, 2)
+    for got, ref in ((q, q_ref), (k, k_ref), (v, v_ref)):
+        assert got.shape == ref.shape and torch.equal(got.view(torch.int16), ref.contiguous().view(torch.int16))
 
 
 def test_operator_modules_through_the_triton_path_match_cpu():
