@@ -12,15 +12,14 @@ from kit.build.images import check_image, image_platform, image_stack_name, veri
 from kit.build.provenance_check import image_provenance_problems
 from kit.cli._output import emit_json
 from kit.cli.build import default_workspace
-from kit.evidence.attestation import (STATEMENT_SCHEMA, STATEMENT_SCHEMAS, add_attestation_verdict, model_signature_verdict,
-                                      sealed_statement)
-from kit.evidence.audit import IN_TOTO_SCHEMAS, verify_run_dir, write_in_toto
+from kit.evidence.attestation import add_attestation_verdict, model_signature_verdict
+from kit.evidence.audit import verify_run_dir, write_in_toto
 from kit.evidence.bundle import SEAL
 from kit.evidence.signing import ECDSA_P256, algorithm_of, load_public_key
 from kit.evidence.verdict import FileVerdict
 from kit.evidence.verify import verify_document_file
 from kit.model.catalog import Catalog
-from kit.model.documents import read_json_file, write_new_document
+from kit.model.documents import read_json_file
 from kit.model.errors import BadInput, KitError
 
 
@@ -113,13 +112,8 @@ def _write_in_toto(verdicts, out: Path) -> None:
     if runs[0].status != "ok":
         runs[0].notes.append("no in-toto statement written: the run dir does not verify")
         return
-    seal = read_json_file(Path(runs[0].path) / SEAL)
-    if seal["schema"] in IN_TOTO_SCHEMAS:
-        write_in_toto(seal, out)
-    else:      # a newer seal: the statement is the run's sealed, signed attestation (verified above)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        statement = sealed_statement(Path(runs[0].path))
-        write_new_document(out, statement, schema=STATEMENT_SCHEMAS.get(statement.get("predicateType"), STATEMENT_SCHEMA))
+    run_dir = Path(runs[0].path)   # seal v4: the statement is the run's sealed, signed attestation (verified above)
+    write_in_toto(read_json_file(run_dir / SEAL), out, run_dir)
     runs[0].notes.append(f"in-toto statement written to {out}")
 
 

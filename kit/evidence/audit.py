@@ -16,6 +16,8 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from kit.evidence.attestation import (ATTESTATION, STATEMENT_SCHEMA, STATEMENT_SCHEMAS, run_attestation_problems,
+                                      sealed_statement)
 from kit.evidence.bundle import (
     HASH_WORKERS,
     ID_REGISTRY,
@@ -84,7 +86,7 @@ def verify_run_dir(path: Path, public_key: Path | None = None, in_toto_out: Path
     if not problems:
         verdict.notes.append(_identity_note(run_dir))
     if in_toto_out is not None and not problems:
-        write_in_toto(seal, Path(in_toto_out))
+        write_in_toto(seal, Path(in_toto_out), run_dir)
         verdict.notes.append(f"in-toto statement written to {in_toto_out}")
     verdict.problems = problems
     verdict.status = "fail" if problems else "ok"
@@ -291,8 +293,29 @@ def in_toto_statement(seal: dict) -> dict:
             "predicateType": IN_TOTO_PREDICATE, "predicate": predicate}
 
 
-def write_in_toto(seal: dict, out: Path) -> Path:
+def write_in_toto(seal: dict, out: Path, run_dir: Path | None = None) -> Path:
+    """The in-toto statement of a verified run (``kit verify --in-toto``): for seal v1–v3 the seal as a
+    statement (:func:`in_toto_statement`); for a newer seal (v4, ECDSA P-256) the run's own sealed, signed
+    attestation (``attestation.dsse.json``'s statement), which needs ``run_dir`` and must hold to the seal."""
     if out.exists():
         raise BadInput(f"--in-toto {out}: already exists; choose a new file")
+    if seal["schema"] in IN_TOTO_SCHEMAS:
+        statement, schema = in_toto_statement(seal), IN_TOTO_SCHEMAS[seal["schema"]]
+    else:
+        statement = _sealed_attestation(seal, out, run_dir)
+        schema = STATEMENT_SCHEMAS.get(statement.get("predicateType"), STATEMENT_SCHEMA)
     out.parent.mkdir(parents=True, exist_ok=True)
-    return write_new_document(out, in_toto_statement(seal), schema=IN_TOTO_SCHEMAS[seal["schema"]])
+    return write_new_document(out, statement, schema=schema)
+
+
+def _sealed_attestation(seal: dict, out: Path, run_dir: Path | None) -> dict:
+    """The statement of ``run_dir``'s sealed attestation, held to ``seal`` (signer, subjects, predicate)."""
+    if run_dir is None:
+        raise BadInput(f"--in-toto {out}: a {seal['schema']} run's statement is its sealed attestation ({ATTESTATION}): "
+                       "give the run dir")
+    problems, _ = run_attestation_problems(Path(run_dir), seal)
+    statement = sealed_statement(Path(run_dir)) if not problems else None
+    if statement is None:
+        why = "; ".join(f"{p}: {m}" for p, m in problems) or f"no {ATTESTATION} sealed with it"
+        raise BadInput(f"--in-toto {out}: {run_dir}: the run's attestation does not hold to its {seal['schema']} seal ({why})")
+    return statement

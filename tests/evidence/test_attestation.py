@@ -19,7 +19,7 @@ from conftest import run_kit, run_manifest, seal_test_run
 from kit.evidence import bundle as E
 from kit.evidence.attestation import (ATTESTATION, MODEL_SIGNATURE, PREDICATE_TYPE, STATEMENT_SCHEMA,
                                       run_attestation_problems, sign_envelope)
-from kit.evidence.audit import verify_run_dir
+from kit.evidence.audit import verify_run_dir, write_in_toto
 from kit.evidence.model_signature import BUNDLE_SCHEMA, bundle_digests, model_statement, sign_digests
 from kit.evidence.signing import load_private_key, load_public_key, write_key_pair
 from kit.model.documents import schema_problems
@@ -202,6 +202,39 @@ def test_in_toto_export_of_a_seal_v4_run_is_its_signed_attestation(tmp_path):
     statement = json.loads(out.read_text())
     envelope = json.loads((run_dir / ATTESTATION).read_text())
     assert statement == json.loads(base64.b64decode(envelope["payload"])) and statement["predicateType"] == PREDICATE_TYPE
+
+
+def test_write_in_toto_writes_what_kit_verify_in_toto_writes_for_every_seal(tmp_path):
+    """The library path (audit.write_in_toto, verify_run_dir(in_toto_out=…)) and `kit verify --in-toto` export
+    the same statement: for a seal v4 the run's sealed, signed attestation, for v3 the seal's statement."""
+    for name, kind, schema in (("lab", "ecdsa-p256", "rlk-kit/seal/v4"), ("ed", "ed25519", "rlk-kit/seal/v3"),
+                               (None, None, "rlk-kit/seal/v3")):
+        root = tmp_path / (name or "unsigned")
+        run_dir = make_run(root, "r1", keys(root, name, kind)[0] if name else None)
+        seal = json.loads((run_dir / E.SEAL).read_text())
+        assert seal["schema"] == schema
+        proc = run_kit("verify", "--in-toto", str(root / "cli.json"), str(run_dir))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        cli = json.loads((root / "cli.json").read_text())
+        write_in_toto(seal, root / "direct.json", run_dir)
+        assert json.loads((root / "direct.json").read_text()) == cli, schema
+        assert verify_run_dir(run_dir, in_toto_out=root / "verified.json").status == "ok"
+        assert json.loads((root / "verified.json").read_text()) == cli, schema
+        if schema == "rlk-kit/seal/v4":
+            assert cli["predicateType"] == PREDICATE_TYPE
+            with pytest.raises(BadInput, match="seal/v4.*run dir"):       # the statement lies in the run dir
+                write_in_toto(seal, root / "no-dir.json")
+            assert not (root / "no-dir.json").exists()
+
+
+def test_write_in_toto_refuses_a_seal_v4_whose_attestation_does_not_hold_to_it(tmp_path):
+    private, _ = keys(tmp_path, "lab")
+    run_dir = make_run(tmp_path, "r1", private)
+    seal = json.loads((run_dir / E.SEAL).read_text())
+    other = make_run(tmp_path, "r2", private)                 # another run's attestation, same key
+    with pytest.raises(BadInput, match="attestation"):
+        write_in_toto(seal, tmp_path / "out.json", other)
+    assert not (tmp_path / "out.json").exists()
 
 
 _leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.text(max_size=12))
