@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU arm pair side by side on one CUDA machine: gpu-native (P/P) then gpu-consistency (R/R), each through
-# `kit run --runtime local`, sealed; the run dirs are tarred into OUT_DIR for kit verify / compare / analyze
-# on any machine. Example:  benchmarks/gpu_grpo_pair.sh /tmp/out        (ROLLOUTS=3 for a short rehearsal)
+# The GPU arm pair side by side on one CUDA machine: gpu-native (P/P, fused production) then gpu-consistency
+# (R/R), each through `kit run --runtime local`, sealed; the run dirs are tarred into OUT_DIR for kit verify /
+# compare / analyze on any machine. ARMS="gpu-native gpu-consistency gpu-native-eager" adds the third arm (P/P
+# on the eager formula). Example:  benchmarks/gpu_grpo_pair.sh /tmp/out   (ROLLOUTS=3 for a short rehearsal)
 set -euo pipefail
 out=${1:?usage: benchmarks/gpu_grpo_pair.sh OUT_DIR}
 ws=${KIT_WORKSPACE:-$PWD/.workspace}
@@ -9,7 +10,7 @@ kit=${KIT:-kit}
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$out"
 runs=()
-for arm in gpu-native gpu-consistency; do
+for arm in ${ARMS:-gpu-native gpu-consistency}; do
     id="$arm-$stamp"
     echo "== $arm ($id)" >&2
     $kit run --arm "$arm" --runtime local --workspace "$ws" --run-id "$id" ${ROLLOUTS:+--rollouts "$ROLLOUTS"} || true

@@ -5,6 +5,7 @@ One process, one device: training and rollout both run at TP1/CP1 (the strict op
 
     config = GrpoConfig.from_arm(json.load(open("manifests/gpu-consistency.json")))
     config.impls("rollout")      # {"attention": "R", "ffn": "R", "logp": "R"}
+    config.production            # "fused" (the arm's production field; absent: "eager")
 """
 
 from __future__ import annotations
@@ -47,10 +48,15 @@ class GrpoConfig:
     kl_coef: float
     micro_batch: int             # sequences per training micro-batch (max_tokens_per_gpu / sequence length)
     device: str = "cuda"
+    production: str = "eager"    # which production formula the P modules run: "fused" or "eager" (rlk_kernels.grpo.fused)
 
     @classmethod
     def from_arm(cls, document: dict, device: str | None = None) -> "GrpoConfig":
         """Read an arm document; ValueError names the JSON pointer of a field this engine cannot run."""
+        from rlk_kernels.grpo.fused import PRODUCTIONS
+        production = document.get("production", "eager")
+        if production not in PRODUCTIONS:
+            raise ValueError(f"/production: {production!r}; accepted: {', '.join(PRODUCTIONS)} (absent: eager)")
         cases = []
         for module in MODULES:
             case = _get(document, f"/operators/{module}")
@@ -80,7 +86,7 @@ class GrpoConfig:
             adam_beta1=float(optimizer.get("adam_beta1", 0.9)), adam_beta2=float(optimizer.get("adam_beta2", 0.98)),
             kl_coef=float(kl["coef"]) if kl.get("use_kl_loss") else 0.0,
             micro_batch=max(1, int(wl["max_tokens_per_gpu"]) // (PROMPT_LEN + response_len)),
-            device=device or ("cuda" if _cuda() else "cpu"),
+            device=device or ("cuda" if _cuda() else "cpu"), production=production,
         )
         return config.validated()
 

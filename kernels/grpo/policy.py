@@ -4,7 +4,9 @@ Every pass goes through the modules of :mod:`rlk_kernels.ops` with a case letter
 the strict kernels (Triton on CUDA, the CPU reference elsewhere), P the production formulas. The
 residual stream is kept in the compute dtype (bf16 on CUDA), so a KV cache stores exactly the keys
 and values the training pass computes. Production log-probs take the LM head's bf16 logits to fp32
-before the log-softmax, as vLLM's sampler and Megatron's cross-entropy do. Example::
+before the log-softmax, as vLLM's sampler and Megatron's cross-entropy do. With the arm's ``production`` "fused", the P side's no-grad passes (rollout
+prefill and decode, the log-prob recomputes) run the fused production kernels on CUDA instead
+(:mod:`rlk_kernels.grpo.fused`); the CPU keeps the eager formula. Example::
 
     w = init_policy_weights(cfg, seed=1, device="cpu")
     lp = sequence_logprobs(cast(w, torch.float32), cfg, tokens, ALL_R, prompt_len=5)      # [B, R]
@@ -86,17 +88,40 @@ def token_logp(impl, weights, cfg, x, targets, *, temperature=1.0):
     return production_logp(weights, cfg, x, targets, temperature=temperature)
 
 
-def sequence_logprobs(weights, cfg, rope, tokens, impls, *, prompt_len: int, chunk: int, temperature=1.0):
+def sequence_logprobs(weights, cfg, rope, tokens, impls, *, prompt_len: int, chunk: int, temperature=1.0,
+                      production: str = "eager", fused_weights=None, choice=None):
     """Training-side recompute (no grad) of the response tokens' log-probs over full sequences, ``chunk``
-    sequences at a time: tokens [B, P+R] -> [B, R] fp32."""
+    sequences at a time: tokens [B, P+R] -> [B, R] fp32. ``production`` "fused" runs the P pieces with the
+    fused kernels on CUDA (``fused_weights``: a prebuilt :class:`~rlk_kernels.grpo.fused.FusedWeights` of
+    ``weights``, built here when None; ``choice``: the SDPA backend choice to reuse)."""
     import torch
+    from rlk_kernels.grpo.fused import FusedWeights, fused_layers, fused_logp, fused_logp_normed, uses_fused
+    fused = uses_fused(production, impls, tokens.device)
+    if (fused["layers"] or fused["logp"]) and fused_weights is None:
+        fused_weights = FusedWeights(weights, cfg)
+    if fused["layers"] and choice is None:
+        from rlk_kernels.gpu.production import BackendChoice
+        choice = BackendChoice()
     out = []
     with torch.no_grad():
         for part in tokens.split(chunk):
-            h = layers_forward(weights, cfg, rope, weights["embed"][part[:, :-1]], impls)
+            targets = part[:, prompt_len:].reshape(-1)
+            if fused["layers"]:
+                normed, h = fused_layers(fused_weights, cfg, rope, weights["embed"][part[:, :-1]], start=0,
+                                         caches=None, choice=choice)
+                if fused["logp"]:
+                    rows = normed[:, prompt_len - 1:].reshape(-1, cfg.hidden)
+                    out.append(fused_logp_normed(fused_weights, cfg, rows, targets,
+                                                 temperature=temperature).view(part.shape[0], -1))
+                    continue
+            else:
+                h = layers_forward(weights, cfg, rope, weights["embed"][part[:, :-1]], impls)
             rows = h[:, prompt_len - 1:].reshape(-1, cfg.hidden)
-            out.append(token_logp(impls["logp"], weights, cfg, rows, part[:, prompt_len:].reshape(-1),
-                                  temperature=temperature).view(part.shape[0], -1))
+            if fused["logp"]:
+                lp = fused_logp(fused_weights, cfg, rows, targets, temperature=temperature)
+            else:
+                lp = token_logp(impls["logp"], weights, cfg, rows, targets, temperature=temperature)
+            out.append(lp.view(part.shape[0], -1))
     return torch.cat(out)
 
 
@@ -104,6 +129,10 @@ class RolloutEngine:
     """Rollout: weights loaded by sync (cast to the compute dtype), prompt prefill, then one decode step
     per response token over a KV cache, with seeded temperature/top-p/top-k sampling. The strict side
     samples from the strict LM-head GEMM over the live ids and reports the strict logp kernel's value.
+    With ``production`` "fused" (on CUDA) the P side runs the fused production kernels over its own
+    per-layer K/V buffers (the layout of ``ops.KVCache``), samples from the same bf16 LM-head logits over
+    the live ids and reports the fused log-prob kernel's value of the sampled token; ``log`` receives
+    the SDPA backend chosen per shape.
 
     Example::
 
@@ -112,16 +141,27 @@ class RolloutEngine:
         tokens, logp = engine.generate(prompts, response_len=24, generator=gen)
     """
 
-    def __init__(self, cfg, *, impls, dtype, device, temperature=1.0, top_p=1.0, top_k=-1):
+    def __init__(self, cfg, *, impls, dtype, device, temperature=1.0, top_p=1.0, top_k=-1, production="eager",
+                 log=None):
+        from rlk_kernels.grpo.fused import uses_fused
         self.cfg, self.impls, self.dtype, self.device = cfg, dict(impls), dtype, device
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.rope = rope_for(cfg, dtype, device)
         self.weights = None
+        self.fused = uses_fused(production, self.impls, device)
+        self.fused_weights = self.choice = None
+        if self.fused["layers"] or self.fused["logp"]:
+            from rlk_kernels.gpu.production import BackendChoice
+            self.choice = BackendChoice(log=log)
 
     def load_weights(self, params: dict) -> None:
         import torch
         with torch.no_grad():
             self.weights = {k: v.detach().to(self.dtype).clone() for k, v in params.items()}
+            if self.fused["layers"] or self.fused["logp"]:
+                from rlk_kernels.grpo.fused import FusedWeights
+                self.fused_weights = None                     # the previous step's copy freed first
+                self.fused_weights = FusedWeights(self.weights, self.cfg)
 
     def _layers(self, h, pos, caches, phase):
         cfg = self.cfg
@@ -132,8 +172,21 @@ class RolloutEngine:
             h = h + ops.ffn_module(self.impls["ffn"], w, cfg, h.reshape(-1, cfg.hidden), 1).view_as(h).to(h.dtype)
         return h
 
-    def _sample(self, last, generator):
+    def _sample(self, last, generator, normed=None):
         cfg, w = self.cfg, self.weights
+        if self.fused["logp"]:
+            # fused production: the bf16 LM head over the padded vocabulary, sampled over the live ids from
+            # the fp32 logits / temperature; the sampled token's log-prob from the fused kernel on the same logits
+            import torch.nn.functional as F
+            from rlk_kernels.gpu.production import logp_from_logits, rms_norm
+            if normed is None:
+                normed = rms_norm(last.contiguous(), w["final_norm"], cfg.norm_eps)
+            logits = F.linear(normed.contiguous(), self.fused_weights.lm_head)
+            live = logits[:, :cfg.vocab].float()
+            if self.temperature != 1.0:
+                live = live / self.temperature
+            token = sample_tokens(live, generator, top_k=self.top_k, top_p=self.top_p)
+            return token, logp_from_logits(logits, token.contiguous(), cfg.vocab, self.temperature)
         if self.impls["logp"] == "R":
             normed = strict_rms_norm(last, w["final_norm"], cfg.norm_eps)
             head = ops.lm_head_shards(w, cfg)[:1, :, :cfg.vocab]          # the live ids all lie in shard 0
@@ -157,18 +210,31 @@ class RolloutEngine:
         cfg = self.cfg
         with torch.no_grad():
             batch, plen = prompts.shape
-            caches = [ops.KVCache(batch, cfg, plen + response_len, dtype=self.dtype) for _ in range(cfg.layers)]
+            if self.fused["layers"]:
+                from rlk_kernels.grpo.fused import new_caches
+                caches = new_caches(cfg, batch, plen + response_len, self.dtype, prompts.device, cfg.layers)
+            else:
+                caches = [ops.KVCache(batch, cfg, plen + response_len, dtype=self.dtype) for _ in range(cfg.layers)]
             pos = torch.arange(plen, device=prompts.device).unsqueeze(0).expand(batch, -1)
-            h = self._layers(self.weights["embed"][prompts], pos, caches, "prefill")
+            last, normed = self._forward(self.weights["embed"][prompts], pos, caches, "prefill", start=0)
             tokens = torch.cat([prompts, prompts.new_zeros(batch, response_len)], dim=1)
             logps = torch.zeros(batch, response_len, dtype=torch.float32, device=prompts.device)
-            last = h[:, -1]
             for step in range(response_len):
-                token, logp = self._sample(last, generator)
+                token, logp = self._sample(last, generator, normed)
                 tokens[:, plen + step] = token
                 logps[:, step] = logp
                 if step == response_len - 1:
                     break
                 step_pos = torch.full((batch, 1), plen + step, device=prompts.device)
-                last = self._layers(self.weights["embed"][token].unsqueeze(1), step_pos, caches, "decode")[:, -1]
+                last, normed = self._forward(self.weights["embed"][token].unsqueeze(1), step_pos, caches, "decode",
+                                             start=plen + step)
             return tokens, logps
+
+    def _forward(self, h, pos, caches, phase, *, start):
+        """(last position's residual stream [B, H], its final-normed rows [B, H] or None)."""
+        if not self.fused["layers"]:
+            return self._layers(h, pos, caches, phase)[:, -1], None
+        from rlk_kernels.grpo.fused import fused_layers
+        normed, out = fused_layers(self.fused_weights, self.cfg, self.rope, h, start=start, caches=caches,
+                                   choice=self.choice)
+        return out[:, -1], normed[:, -1]

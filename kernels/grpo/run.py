@@ -26,21 +26,46 @@ from rlk_kernels.grpo.trainer import Trainer, synchronize
 
 PRODUCTION_IDS = {"attention": "torch.sdpa.prefill_decode", "ffn": "torch.matmul.rank_order_allreduce",
                   "logp": "torch.matmul_bf16.fp32_log_softmax"}
+# fused production (the arm's production "fused", on CUDA): the no-grad passes' kernels (rlk_kernels.grpo.fused)
+FUSED_PRODUCTION_IDS = {"attention": "triton.fused_rms_qk_norm_rope.sdpa_fastest_backend",
+                        "ffn": "triton.fused_add_rms_norm.merged_gate_up.silu_and_mul",
+                        "logp": "torch.matmul_bf16.triton_logp_from_logits"}
 
 
-def backend_id(module: str, letter: str, device: str) -> str:
+def backend_id(module: str, letter: str, device: str, fused: dict | None = None) -> str:
     from rlk_kernels import ops
-    return ops.strict_backend_id(module, device.split(":")[0]) if letter == "R" else PRODUCTION_IDS[module]
+    if letter == "R":
+        return ops.strict_backend_id(module, device.split(":")[0])
+    piece = "logp" if module == "logp" else "layers"
+    return FUSED_PRODUCTION_IDS[module] if fused and fused[piece] else PRODUCTION_IDS[module]
 
 
 def route_lines(config: GrpoConfig) -> list[str]:
+    from rlk_kernels.grpo.fused import uses_fused
     lines = []
     for side, framework, target in (("train", "gpu-train", "training"), ("rollout", "gpu-rollout", "rollout")):
-        for module, letter in config.impls(side).items():
+        impls = config.impls(side)
+        fused = uses_fused(config.production, impls, config.device)
+        for module, letter in impls.items():
             requested = "rl_kernel" if letter == "R" else "production"
             lines.append(f"[RL-Kernel][route] framework={framework} target={target} module={module} "
-                         f"requested={requested} actual={backend_id(module, letter, config.device)} fallback=false")
+                         f"requested={requested} actual={backend_id(module, letter, config.device, fused)} "
+                         "fallback=false")
     return lines
+
+
+def production_line(config: GrpoConfig) -> str:
+    """Which production formula the P modules run, and where the fused one applies."""
+    from rlk_kernels.grpo.fused import uses_fused
+    train = uses_fused(config.production, config.impls("train"), config.device)
+    rollout = uses_fused(config.production, config.impls("rollout"), config.device)
+    where = "no-grad passes (rollout prefill/decode, log-prob recomputes); the actor pass is the eager graph"
+    if config.production == "fused" and not (any(train.values()) or any(rollout.values())):
+        where = ("nowhere here: no P module, or no CUDA device (the eager formula runs)"
+                 if str(config.device).startswith("cuda") else "nowhere here: on the CPU the eager formula runs")
+    return (f"gpu production: {config.production} (train layers={str(train['layers']).lower()} "
+            f"logp={str(train['logp']).lower()}; rollout layers={str(rollout['layers']).lower()} "
+            f"logp={str(rollout['logp']).lower()}): {where if config.production == 'fused' else 'the eager formula'}")
 
 
 def _round(record: dict) -> dict:
@@ -63,14 +88,16 @@ def run_grpo(config: GrpoConfig, emit=print, should_stop=lambda: False) -> int:
     device, c = config.device, config
     with torch.device(device):
         emit(device_line(c))
-        trainer = Trainer(c)
+        trainer = Trainer(c, log=emit)
         rollout = RolloutEngine(c.model, impls=c.impls("rollout"), dtype=compute_dtype(device), device=device,
-                                temperature=c.temperature, top_p=c.top_p, top_k=c.top_k)
+                                temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, production=c.production,
+                                log=emit)
         ident = trainer.identity()
         emit(f"gpu model {c.model.name}: config_sha256={ident['config_sha256']} weights_sha256={ident['weights_sha256']} "
              f"dtype={ident['dtype']} seed={c.seed} rollout_seed={c.rollout_seed} prompts_sha256={prompt_set_sha256()}")
         for line in route_lines(c):
             emit(line)
+        emit(production_line(c))
         emit(f"rlkernel mismatch sidecar active: logp_case={c.logp_case}")
         prompts_all = prompt_set().to(device)
         done, generated, mismatched, compared = 0, 0, 0, 0

@@ -3,8 +3,8 @@
 One optimizer step per rollout. The train-side recompute (no grad, the arm's train-side operators)
 gives the current policy's log-probs; they are compared with the rollout's (the mismatch records)
 and are the values the loss sees. The strict kernels have no backward, so the gradient comes from
-the production formula's graph in both arms (:class:`ValueOf` gives a tensor the recompute's value
-and the production pass's gradient). Example::
+the eager production formula's graph in every arm, fused production included (:class:`ValueOf` gives a
+tensor the recompute's value and the production pass's gradient). Example::
 
     trainer = Trainer(config); result = trainer.train(tokens, rollout_logp, rewards)
     result["record"]["train/train_current_rollout_logprob_mismatch_count"]
@@ -69,7 +69,7 @@ def _value_of():
 
 
 class Trainer:
-    def __init__(self, config):
+    def __init__(self, config, log=None):
         import torch
         self.config = c = config
         self.dtype = compute_dtype(c.device)
@@ -82,6 +82,15 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=c.lr, weight_decay=c.weight_decay,
                                            betas=(c.adam_beta1, c.adam_beta2), eps=1e-8, **fused)
         self.value_of = _value_of()
+        # fused production (P pieces on CUDA): the frozen reference's merged weights built once, one SDPA choice
+        from rlk_kernels.grpo.fused import FusedWeights, uses_fused
+        fused = uses_fused(c.production, c.impls("train"), c.device)
+        self.choice = self.reference_fused = None
+        if fused["layers"] or fused["logp"]:
+            from rlk_kernels.gpu.production import BackendChoice
+            self.choice = BackendChoice(log=log)
+            if c.kl_coef > 0:
+                self.reference_fused = FusedWeights(self.reference, c.model)
 
     def identity(self) -> dict:
         return {"config_sha256": self.config.model.config_sha256, "weights_sha256": self.weights_sha256,
@@ -101,7 +110,8 @@ class Trainer:
         t0 = time.perf_counter()
         current = cast(self.params, self.dtype)
         logp_now = sequence_logprobs(current, cfg, self.rope, tokens, c.impls("train"), prompt_len=PROMPT_LEN,
-                                     chunk=c.micro_batch, temperature=c.temperature)
+                                     chunk=c.micro_batch, temperature=c.temperature, production=c.production,
+                                     choice=self.choice)
         del current
         sync()
         log_probs_time = time.perf_counter() - t0
@@ -109,7 +119,8 @@ class Trainer:
         if c.kl_coef > 0:
             t0 = time.perf_counter()
             ref_logp = sequence_logprobs(self.reference, cfg, self.rope, tokens, c.impls("train"), prompt_len=PROMPT_LEN,
-                                         chunk=c.micro_batch, temperature=c.temperature)
+                                         chunk=c.micro_batch, temperature=c.temperature, production=c.production,
+                                         fused_weights=self.reference_fused, choice=self.choice)
             sync()
             ref_time = time.perf_counter() - t0
 
@@ -118,7 +129,8 @@ class Trainer:
             per_count = torch.ne(logp_now, rollout_logp).sum(-1).double()
             numel = logp_now.shape[1]
 
-        # actor: production-formula graph for the gradient, micro-batch by micro-batch
+        # actor: the eager production graph for the gradient in every arm (the fused kernels have no backward),
+        # micro-batch by micro-batch
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         tokens_n = float(tokens.shape[0] * numel)

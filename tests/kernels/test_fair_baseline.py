@@ -1,5 +1,6 @@
-"""The fair production baseline's kernels (benchmarks/fair_baseline.py), interpreted on the CPU,
-against plain PyTorch: a baseline that computed something else would make every ratio meaningless."""
+"""The production kernels (rlk_kernels.gpu.production, the fair baseline P+ of the kernel benchmark and the
+GRPO workload's fused production), interpreted on the CPU, against plain PyTorch: a baseline that computed
+something else would make every ratio meaningless."""
 
 import importlib.util
 import os
@@ -11,10 +12,9 @@ import torch.nn.functional as F
 
 os.environ["TRITON_INTERPRET"] = "1"          # before triton is imported by the module
 
+from rlk_kernels.gpu import production as fb  # noqa: E402
+
 _PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "fair_baseline.py"
-_spec = importlib.util.spec_from_file_location("fair_baseline", _PATH)
-fb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fb)
 
 BF16_ULP = 2 ** -7                            # relative spacing of bf16
 
@@ -74,3 +74,20 @@ def test_logp_from_logits_ignores_the_padded_vocabulary():
     targets = torch.randint(0, 4900, (5,), generator=gen)
     ref = logits[:, :4900].float().log_softmax(-1).gather(-1, targets[:, None])[:, 0]
     torch.testing.assert_close(fb.logp_from_logits(logits, targets, 4900), ref, atol=1e-4, rtol=1e-5)
+
+
+def test_logp_from_logits_divides_by_the_temperature():
+    gen = torch.Generator().manual_seed(4)
+    logits = (torch.randn(4, 300, generator=gen) * 4).bfloat16()
+    targets = torch.randint(0, 16, (4,), generator=gen)
+    ref = (logits[:, :16].float() / 0.7).log_softmax(-1).gather(-1, targets[:, None])[:, 0]
+    torch.testing.assert_close(fb.logp_from_logits(logits, targets, 16, 0.7), ref, atol=1e-4, rtol=1e-5)
+
+
+def test_the_benchmark_module_re_exports_the_package_kernels():
+    spec = importlib.util.spec_from_file_location("fair_baseline", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "qk_norm_rope", "logp_from_logits", "sdpa",
+                 "pick_backend", "BACKENDS"):
+        assert getattr(module, name) is getattr(fb, name)
