@@ -19,7 +19,7 @@ from kit.evidence import bundle as E
 from kit.model.buildability import buildability_findings
 from kit.evidence.audit import verify_run_dir
 from kit.evidence.pinning import PINNED, SAME_HOST, run_identity
-from kit.model.arm import Arm
+from kit.model.arm import Arm, production_of
 from kit.model.documents import read_json_file
 from kit.model.errors import BadInput, KitError
 from kit.model.stack import stack_identity
@@ -151,9 +151,16 @@ def declared_between(doc_a: dict, doc_b: dict) -> tuple[tuple[str, ...], list[st
     return tuple(factors), notes
 
 
+def _with_production(view: dict, doc: dict) -> dict:
+    """A gpu arm without ``production`` (before arm/v5) runs the eager formula: compared as "eager"."""
+    if doc.get("engine") == "gpu":
+        view["production"] = production_of(doc)
+    return view
+
+
 def arm_view(arm: Arm) -> dict:
     """The fields of an arm that define the experiment, with the resolved stack content under 'stack'."""
-    view = {k: v for k, v in arm.document.items() if k not in ARM_FIELDS_NOT_COMPARED}
+    view = _with_production({k: v for k, v in arm.document.items() if k not in ARM_FIELDS_NOT_COMPARED}, arm.document)
     view["stack"] = arm.stack.identity
     return view
 
@@ -212,7 +219,7 @@ def run_view(manifest: dict) -> dict:
     keyed by package name)."""
 
     arm = manifest["arm"]
-    view = {k: v for k, v in arm.items() if k not in ARM_FIELDS_NOT_COMPARED}
+    view = _with_production({k: v for k, v in arm.items() if k not in ARM_FIELDS_NOT_COMPARED}, arm)
     view["stack"] = stack_identity(manifest["stack"]["document"])
     image = manifest.get("image") or {}
     view["image"] = {"id": image.get("id")}

@@ -160,7 +160,7 @@ def _arm_rules(path: Path, doc: dict) -> tuple[list, list]:
     return problems, notes
 
 
-COMPARABLE_ROOTS = ("engine", "operators", "use_rollout_logprobs", "attention_backend", "graph", "model", "topology",
+COMPARABLE_ROOTS = ("engine", "operators", "production", "use_rollout_logprobs", "attention_backend", "graph", "model", "topology",
                     "workload", "evidence_level", "stack")
 
 

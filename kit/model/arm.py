@@ -37,6 +37,11 @@ class Arm:
         return dict(self.document["operators"])
 
     @property
+    def production(self) -> str:
+        """Which production implementation the P modules run (arm/v5 ``production``; absent: "eager")."""
+        return production_of(self.document)
+
+    @property
     def all_strict(self) -> bool:
         return all(case == "R/R" for case in self.document["operators"].values())
 
@@ -52,6 +57,18 @@ class Arm:
     def platform(self) -> str:
         """The image platform an arm runs on by default."""
         return traits(self.engine).platform
+
+
+PRODUCTIONS = ("fused", "eager")
+
+
+def production_of(doc: dict) -> str:
+    """An arm document's ``production`` (arm/v5): "fused" or "eager"; an arm without it means "eager".
+
+    >>> production_of({"engine": "gpu"}), production_of({"engine": "gpu", "production": "fused"})
+    ('eager', 'fused')
+    """
+    return doc.get("production", "eager")
 
 
 def mode_operators(mode: str) -> dict[str, str]:
@@ -129,6 +146,9 @@ def arm_rule_problems(doc: dict, stack: Stack | None) -> list[tuple[str, str]]:
         if sizes not in ([list(range(1, k + 1)) for k in ceilings]):
             shown = " or ".join(f"[1..{k}]" for k in ceilings)
             out.append(("/graph/capture_sizes", f"{sizes} is not consistent with the engines; expected {shown}"))
+    if production_of(doc) != "eager" and doc["engine"] != "gpu":
+        out.append(("/production", f"{production_of(doc)!r}: only the gpu engine has a fused production path; "
+                                   f"a {doc['engine']} arm runs its framework's own (omit the field, or \"eager\")"))
     fixed_level = traits(doc["engine"]).fixed_evidence_level
     expected_level = fixed_level or evidence_level(topo)
     if not any(p[0].startswith("/topology") for p in out) and doc["evidence_level"] != expected_level:

@@ -226,4 +226,5 @@ def _kind(doc: dict):
     stack/v2 widens stack/v1 (platform variants, locks), so both are stacks."""
     schema = doc.get("schema")
     return {"rlk-kit/arm/v2": "rlk-kit/arm/v1", "rlk-kit/arm/v3": "rlk-kit/arm/v1", "rlk-kit/arm/v4": "rlk-kit/arm/v1",
+            "rlk-kit/arm/v5": "rlk-kit/arm/v1",
             "rlk-kit/stack/v2": "rlk-kit/stack/v1"}.get(schema, schema)
