@@ -3,12 +3,12 @@
 Every given run is re-verified (``kit verify``) and held to the claim (bound to its sha256, one of its
 declared run ids, the declared arm, seed and rollouts); a run that is not is named and refused. A
 declared run that is missing, failed or refused makes the verdict ``incomplete``: never dropped
-silently. With every run counted, the metric is read per step (steps from ``steady_from``, count
-metrics in tokens: the engine's per-sample mean x the global batch size, optionally per 1k response
-tokens), each run's mean taken, and the two arms compared with the two-level bootstrap of
-``kit analyze replicates`` (seeds, then steps) at the claim's draws and seed; the rule decides.
-The identity of the pair (the first seed of each arm) is ``kit compare``'s: controlled or not, pinned
-or same-host. Example::
+silently. With every run counted, each criterion's metric is read per step (steps from ``steady_from``,
+count metrics in tokens: the engine's per-sample mean x the global batch size, optionally per 1k
+response tokens), each run's mean taken, and the two arms compared with the two-level bootstrap of
+``kit analyze replicates`` (seeds, then steps) at the criterion's draws and seed; its rule gives its
+sub-verdict, and ``claim_verdict`` combines them. The identity of the pair (the first seed of each arm)
+is ``kit compare``'s: controlled or not, pinned or same-host. Example::
 
     doc = evaluate_claim(read_sealed_claim(Path("c.sealed.json")), [Path("ws/runs/c-reference-s1"), ...], Path("ws"))
     doc["verdict"]          # 'supported'
@@ -25,8 +25,8 @@ from kit.analysis.table import load_arm
 from kit.engines.vime import keys
 from kit.evidence import bundle as E
 from kit.evidence.audit import verify_run_dir
-from kit.evidence.claims import (DOES_NOT_PROVE, INCOMPLETE, INCONCLUSIVE, ROLES, Claim, binding_problems, decide,
-                                 rule_text)
+from kit.evidence.claims import (DOES_NOT_PROVE, INCOMPLETE, INCONCLUSIVE, ROLES, VERDICT_SCHEMA, Claim, Criterion,
+                                 binding_problems, claim_verdict, decide, rule_text)
 from kit.evidence.compare import compare_run_dirs, run_standing
 from kit.model.documents import read_json_file, sha256_of_document
 from kit.model.errors import KitError
@@ -61,9 +61,14 @@ def metric_values(arm, metric: dict) -> list[float]:
     return out
 
 
-def _token_totals(arms: dict) -> dict:
+def _token_totals(arms: dict, steady_from: int) -> dict:
+    """Mismatched and compared tokens of each arm over its runs' steps ≥ ``steady_from``: the engine's
+    per-sample mean of each (``train_current_rollout_logprob_mismatch_count`` and ``…_numel``) x the
+    global batch size, per step; for the gpu engine that is exactly its own count of compared tokens
+    (samples x response tokens)."""
     def total(runs, key):
-        return math.fsum(v * a.global_batch_size for a in runs for v in a.values(key) if v is not None)
+        return math.fsum(v * a.global_batch_size for a in runs for step, v in zip(a.step_indices, a.values(key))
+                         if v is not None and step >= steady_from)
 
     return {"treatment_mismatches": total(arms["treatment"], keys.MISMATCH_COUNT),
             "reference_mismatches": total(arms["reference"], keys.MISMATCH_COUNT),
@@ -71,23 +76,25 @@ def _token_totals(arms: dict) -> dict:
             "reference_tokens": total(arms["reference"], keys.NUMEL)}
 
 
-def statistics_of(claim: Claim, arms: dict) -> dict:
-    """Per-arm seed means and the difference and ratio (treatment vs reference) with two-level bootstrap CIs."""
+def statistics_of(criterion: Criterion, names: dict, arms: dict) -> dict:
+    """One criterion's per-arm seed means and the difference and ratio (treatment vs reference) with two-level
+    bootstrap CIs, and the token totals for the zero-and-positive rule. ``names``: role -> arm name."""
     import numpy as np
 
-    per_run = {role: [metric_values(a, claim.metric) for a in arms[role]] for role in ROLES}
+    metric = criterion.metric
+    per_run = {role: [metric_values(a, metric) for a in arms[role]] for role in ROLES}
     empty = [f"{role} seed {i + 1}" for role in ROLES for i, v in enumerate(per_run[role]) if not v]
     if empty:
-        return {"error": f"no value of {claim.metric['name']} at steps ≥ {claim.metric['steady_from']} in {', '.join(empty)}"}
-    boot = claim.metric["bootstrap"]
+        return {"error": f"no value of {metric['name']} at steps ≥ {metric['steady_from']} in {', '.join(empty)}"}
+    boot = metric["bootstrap"]
     ref_draws, trt_draws = two_level_resamples(per_run["reference"], per_run["treatment"], boot["draws"], boot["seed"])
     means = {role: [statistics.fmean(v) for v in per_run[role]] for role in ROLES}
     ref, trt = statistics.fmean(means["reference"]), statistics.fmean(means["treatment"])
     diff = trt_draws - ref_draws
     lo, hi = np.percentile(diff, [2.5, 97.5])
-    out = {"metric": claim.metric["name"], "unit": UNITS[claim.metric["name"]]
-           + (" per 1k response tokens" if claim.metric["length_control"] != "none" else ""),
-           "arms": {role: {"name": claim.arms[role]["name"], "seed_means": means[role],
+    out = {"metric": metric["name"], "unit": UNITS[metric["name"]]
+           + (" per 1k response tokens" if metric["length_control"] != "none" else ""),
+           "arms": {role: {"name": names[role], "seed_means": means[role],
                            "mean": statistics.fmean(means[role]),
                            "noise_floor": max(means[role]) - min(means[role]) if len(means[role]) > 1 else None,
                            "steps": [len(v) for v in per_run[role]]} for role in ROLES},
@@ -96,8 +103,8 @@ def statistics_of(claim: Claim, arms: dict) -> dict:
     if ref != 0 and bool(np.all(ref_draws != 0)):
         rlo, rhi = np.percentile(trt_draws / ref_draws, [2.5, 97.5])
         out["ratio"] = {"estimate": trt / ref, "ci95_low": float(rlo), "ci95_high": float(rhi)}
-    if claim.rule["kind"] == "zero-and-positive":
-        out["totals"] = _token_totals(arms)
+    if criterion.rule["kind"] == "zero-and-positive":
+        out["totals"] = _token_totals(arms, metric["steady_from"])
     return out
 
 
@@ -135,7 +142,7 @@ def bound_in_workspace(claim: Claim, workspace: Path) -> list[Path]:
 
 
 def evaluate_claim(claim: Claim, run_dirs: list[Path], workspace: Path) -> dict:
-    """The claim-verdict/v1 document, unsealed (kit.evidence.claims.seal_verdict seals it)."""
+    """The claim-verdict/v2 document, unsealed (kit.evidence.claims.seal_verdict seals it)."""
     run_dirs = [Path(p).resolve() for p in run_dirs] or bound_in_workspace(claim, workspace)
     accepted, refused = _given_runs(claim, run_dirs)
     given = {str(p) for p in run_dirs}
@@ -159,10 +166,13 @@ def evaluate_claim(claim: Claim, run_dirs: list[Path], workspace: Path) -> dict:
                            + (f": {entry['problems'][0]}" if entry["problems"] else ""))
         runs.append(entry)
     reasons += [f"refused {r['run']}: {r['reason']}" for r in refused]
-    doc = {"schema": "rlk-kit/claim-verdict/v1",
+    criteria = [{"name": c.name, "metric": c.metric, "rule": c.rule, "rule_text": rule_text(c.rule, c.metric),
+                 "statistics": None, "verdict": INCOMPLETE, "reasons": ["not evaluated: the claim's runs are incomplete"]}
+                for c in claim.criteria]
+    doc = {"schema": VERDICT_SCHEMA,
            "claim": {"name": claim.name, "sha256": claim.sha256, "path": str(Path(claim.path).resolve()),
-                     "hypothesis": claim.hypothesis, "rule": rule_text(claim.rule, claim.metric)},
-           "verdict": INCOMPLETE, "reasons": reasons, "runs": runs, "refused": refused, "statistics": None,
+                     "hypothesis": claim.hypothesis, "schema": claim.document["schema"]},
+           "verdict": INCOMPLETE, "reasons": reasons, "criteria": criteria, "runs": runs, "refused": refused,
            "identity": {"provenance": None, "scope": None, "controlled": None, "differences": []},
            "does_not_prove": list(DOES_NOT_PROVE), "evaluated_at": E.utc_now()}
     if any(r["status"] != "counted" for r in runs):
@@ -172,14 +182,15 @@ def evaluate_claim(claim: Claim, run_dirs: list[Path], workspace: Path) -> dict:
     pair = compare_run_dirs(Path(first["reference"]), Path(first["treatment"]))
     doc["identity"] = {"provenance": pair.provenance, "scope": pair.scope() or None, "controlled": pair.controlled,
                        "differences": [d.to_json() for d in pair.differences]}
-    stats = statistics_of(claim, by_role)
-    doc["statistics"] = stats
-    if "error" in stats:
-        doc["verdict"], doc["reasons"] = INCONCLUSIVE, [stats["error"]]
-        return doc
-    verdict, why = decide(claim.rule, stats)
+    names = {role: claim.arms[role]["name"] for role in ROLES}
+    for criterion, entry in zip(claim.criteria, criteria):
+        stats = statistics_of(criterion, names, by_role)
+        verdict, why = (INCONCLUSIVE, stats["error"]) if "error" in stats else decide(criterion.rule, stats)
+        entry.update(statistics=stats, verdict=verdict, reasons=[why])
+    said = [f"{c['name']}: {c['verdict']}: {c['reasons'][0]}" for c in criteria]
+    doc["verdict"] = claim_verdict([c["verdict"] for c in criteria], controlled=pair.controlled)
     if not pair.controlled:
-        verdict, why = INCONCLUSIVE, ("the pair is not a controlled comparison (uncontrolled: "
-                                      + ", ".join(d.path for d in pair.uncontrolled[:5]) + f"); the rule alone said: {why}")
-    doc["verdict"], doc["reasons"] = verdict, [why]
+        said = ["the pair is not a controlled comparison (uncontrolled: " + ", ".join(d.path for d in pair.uncontrolled[:5])
+                + "); the criteria alone said: " + "; ".join(said)]
+    doc["reasons"] = said
     return doc

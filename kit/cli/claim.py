@@ -11,7 +11,8 @@ from kit.analysis.claims import evaluate_claim
 
 from kit.cli._output import emit_json
 from kit.cli.plan import select_arm
-from kit.evidence.claims import SUPPORTED, paths_relative_to, read_sealed_claim, rule_text, seal_claim, seal_verdict
+from kit.evidence.claims import (SUPPORTED, claim_criteria, paths_relative_to, read_sealed_claim, rule_text, seal_claim,
+                                 seal_verdict)
 from kit.evidence.signing import load_private_key
 from kit.model.documents import read_json_file, write_new_document
 from kit.model.errors import BadInput, KitError
@@ -41,10 +42,11 @@ def _default_out(path: Path, suffix: str) -> Path:
               help="Where the sealed claim goes (default FILE's name with .sealed.json); never overwritten.")
 @click.option("--sign-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="Private key that signs the sealed claim (ECDSA P-256 or ed25519 PEM; kit keys new makes one).")
-@click.option("--json", "as_json", is_flag=True, help="Print the sealed rlk-kit/claim/v1 document.")
+@click.option("--json", "as_json", is_flag=True, help="Print the sealed claim document (the version FILE has).")
 def seal(claim_file: Path, out: Path | None, sign_key: Path | None, as_json: bool):
-    """Seal a claim (rlk-kit/claim/v1) before any of its runs: each arm resolved to its name and seed-free
-    sha256, the declared runs (arm x seed) named, the sha256 of it all recorded (and signed with --sign-key).
+    """Seal a claim (rlk-kit/claim/v2 with its criteria, or v1 with one metric and rule; the sealed file keeps
+    FILE's version) before any of its runs: each arm resolved to its name and seed-free sha256, the declared
+    runs (arm x seed) named, the sha256 of it all recorded (and signed with --sign-key).
     Runs made with kit run --claim SEALED carry that sha256 in their sealed manifest.
     Exit 0 sealed, 1 a given arm sha256 no longer matches the catalog, 2 bad input.
 
@@ -66,7 +68,7 @@ def seal(claim_file: Path, out: Path | None, sign_key: Path | None, as_json: boo
     out = out or _default_out(claim_file, ".sealed.json")
     if out.exists():
         raise BadInput(f"--out {out}: exists; a sealed claim is never overwritten, give another --out")
-    write_new_document(out, sealed, expected="rlk-kit/claim/v1")
+    write_new_document(out, sealed, expected=sealed["schema"])
     if as_json:
         emit_json(sealed)
         return
@@ -76,7 +78,8 @@ def seal(claim_file: Path, out: Path | None, sign_key: Path | None, as_json: boo
         arm = sealed["arms"][role]
         click.echo(f"{role:<12} {arm['name']} ({arm['sha256'][:16]}…)")
     click.echo(f"runs         {', '.join(r['run_id'] for r in sealed['runs'])}")
-    click.echo(f"rule         {rule_text(sealed['rule'], sealed['metric'])}")
+    for criterion in claim_criteria(sealed):
+        click.echo(f"criterion    {criterion['name']}: {rule_text(criterion['rule'], criterion['metric'])}")
     click.echo(f"next         kit run --claim {out}")
 
 
@@ -89,11 +92,12 @@ def seal(claim_file: Path, out: Path | None, sign_key: Path | None, as_json: boo
               help="Where bound runs are looked for (default $KIT_WORKSPACE, else ./.workspace).")
 @click.option("--sign-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="Private key that signs the verdict.")
-@click.option("--json", "as_json", is_flag=True, help="Print the rlk-kit/claim-verdict/v1 document.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rlk-kit/claim-verdict/v2 document.")
 def evaluate(sealed_file: Path, runs: tuple[Path, ...], out: Path | None, workspace: Path | None,
              sign_key: Path | None, as_json: bool):
-    """Evaluate a sealed claim exactly as it declared: its metric, window, length control, bootstrap and
-    rule (none can be changed here), over its declared runs, each re-verified. RUNS are run dirs (default:
+    """Evaluate a sealed claim exactly as it declared: every criterion's metric, window, length control,
+    bootstrap and rule (none can be changed here), over its declared runs, each re-verified; supported only
+    when every criterion is, not supported when any is not. RUNS are run dirs (default:
     every run in the workspace bound to the claim); a run not bound to the claim, or of another arm, seed
     or rollout count, is named and refused; a declared run missing, failed or refused makes the verdict
     incomplete. Writes a sealed verdict (supported, not supported, inconclusive or incomplete) that
@@ -118,13 +122,15 @@ def evaluate(sealed_file: Path, runs: tuple[Path, ...], out: Path | None, worksp
         workspace = Path(os.environ.get("KIT_WORKSPACE") or ".workspace")
     check_workspace(workspace)
     doc = seal_verdict(paths_relative_to(evaluate_claim(claim, list(runs), workspace), out.parent), key)
-    write_new_document(out, doc, expected="rlk-kit/claim-verdict/v1")
+    write_new_document(out, doc, expected=doc["schema"])
     if as_json:
         emit_json(doc)
     else:
         click.echo(f"claim {claim.name}: {doc['verdict'].upper()}")
         click.echo(f"  hypothesis  {claim.hypothesis}")
-        click.echo(f"  rule        {doc['claim']['rule']}")
+        for c in doc["criteria"]:
+            click.echo(f"  criterion   {c['name']}: {c['verdict'].upper()}")
+            click.echo(f"    rule      {c['rule_text']}")
         for reason in doc["reasons"]:
             click.echo(f"  because     {reason}")
         counted = sum(r["status"] == "counted" for r in doc["runs"])

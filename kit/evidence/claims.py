@@ -1,17 +1,20 @@
 """Claims: a test declared and sealed before its runs, and the sealed verdict of evaluating it.
 
-A claim (``rlk-kit/claim/v1``) states a hypothesis, the two arms (by name and seed-free arm sha256),
-the runs it will use (arm x seed, by run id), the metric with every analysis option fixed, the
-decision rule and what counts as inconclusive. ``kit claim seal`` adds ``sealed``: the sha256 of the
-rest (and a signature with ``--sign-key``). ``kit run --claim`` writes that sha256 into each run's
-manifest, so a bound run provably started after the claim existed. A verdict
-(``rlk-kit/claim-verdict/v1``) names the claim, the runs (by seal sha256) and the kit version, and is
-sealed by its own sha256. Rules here are pure over documents, except :func:`verdict_problems`, which
+A claim (``rlk-kit/claim/v2``) states a hypothesis, the two arms (by name and seed-free arm sha256),
+the runs it will use (arm x seed, by run id), its criteria (each a named metric with every analysis
+option fixed and its decision rule) and what counts as inconclusive; a ``rlk-kit/claim/v1`` claim (one
+``metric`` and one ``rule``) reads as a claim of one criterion, named after its metric. ``kit claim
+seal`` adds ``sealed``: the sha256 of the rest (and a signature with ``--sign-key``), the same way for
+both versions. ``kit run --claim`` writes that sha256 into each run's manifest, so a bound run provably
+started after the claim existed. A verdict (``rlk-kit/claim-verdict/v2``; v1 verdicts still verify)
+names the claim, each criterion's result, the runs (by seal sha256) and the kit version, and is sealed
+by its own sha256. Rules here are pure over documents, except :func:`verdict_problems`, which
 re-verifies the runs a verdict counted. Example::
 
     claim = read_sealed_claim(Path("claims/smoke.sealed.json"))
     binding_problems(claim, read_manifest(Path("ws/runs/smoke-mismatch-treatment-s1")))   # [] when bound
-    decide(claim.rule, {"difference": {"estimate": -40.0, "ci95_low": -50.0, "ci95_high": -30.0}})
+    decide(claim.criteria[0].rule, {"difference": {"estimate": -40.0, "ci95_low": -50.0, "ci95_high": -30.0}})
+    claim_verdict([SUPPORTED, INCONCLUSIVE])                                               # 'inconclusive'
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from kit.evidence.signing import seal_trust, sign_seal
 from kit.model.documents import read_json_file, require_valid, schema_id, schema_problems, sha256_of_document
 from kit.model.errors import BadInput, CheckFailed, KitError
 
-CLAIM_SCHEMA = schema_id("claim")
-VERDICT_SCHEMA = schema_id("claim-verdict")
+CLAIM_SCHEMAS = (schema_id("claim", 1), schema_id("claim", 2))
+VERDICT_SCHEMA = schema_id("claim-verdict", 2)           # what kit claim evaluate writes
+VERDICT_SCHEMAS = (schema_id("claim-verdict", 1), VERDICT_SCHEMA)
 ROLES = ("reference", "treatment")
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, INCOMPLETE = "supported", "not supported", "inconclusive", "incomplete"
 CLAIM_PAYLOAD = "application/vnd.rlk-kit.claim+json"
@@ -37,7 +41,7 @@ VERDICT_PAYLOAD = "application/vnd.rlk-kit.claim-verdict+json"
 DOES_NOT_PROVE = (
     "that the claim holds beyond the declared arms, seeds, rollouts and host: it is one test of one hypothesis",
     "that the runs ran the stack's pinned software, unless identity.provenance says pinned",
-    "anything about a metric, window or statistic other than the one the claim fixed before its runs",
+    "anything about a metric, window or statistic other than the ones the claim fixed before its runs",
 )
 
 
@@ -46,6 +50,15 @@ class DeclaredRun:
     run_id: str
     role: str
     seed: int
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One thing a claim states: a metric with its analysis options fixed, and the rule that decides it."""
+
+    name: str
+    metric: dict
+    rule: dict
 
 
 @dataclass(frozen=True)
@@ -58,8 +71,7 @@ class Claim:
     seeds: tuple[int, ...]
     rollouts: int
     runs: tuple[DeclaredRun, ...]
-    metric: dict
-    rule: dict
+    criteria: tuple[Criterion, ...]
     inconclusive: str
     sha256: str
     path: str
@@ -69,12 +81,21 @@ class Claim:
         return next((r for r in ROLES if self.arms[r]["name"] == name), None)
 
 
+def claim_criteria(doc: dict) -> list[dict]:
+    """The claim's criteria as ``{"name", "metric", "rule"}``: a v2 claim's ``criteria``, or a v1 claim's
+    one metric and rule as one criterion named after its metric."""
+    if "criteria" in doc:
+        return doc["criteria"]
+    return [{"name": doc["metric"]["name"], "metric": doc["metric"], "rule": doc["rule"]}]
+
+
 def claim_body(doc: dict) -> dict:
     return {k: v for k, v in doc.items() if k != "sealed"}
 
 
 def claim_sha256(doc: dict) -> str:
-    """sha256 of the canonical JSON of the claim without ``sealed``: what ``kit run --claim`` binds to."""
+    """sha256 of the canonical JSON of the claim without ``sealed``: what ``kit run --claim`` binds to (v1 and v2
+    alike: the document as written, whatever its version)."""
     return sha256_of_document(claim_body(doc))
 
 
@@ -106,13 +127,27 @@ def rule_text(rule: dict, metric: dict) -> str:
             "tokens and the reference more than 0; not supported when the treatment has any; inconclusive otherwise")
 
 
-def _rule_problems(doc: dict) -> list[tuple[str, str]]:
-    rule = doc.get("rule", {})
+def _rule_problems(metric: dict, rule: dict, at: str = "") -> list[tuple[str, str]]:
     if rule.get("kind") == "zero-and-positive":
-        out = [] if doc["metric"]["name"] == "mismatch_count" else [
-            ("/metric/name", f"{doc['metric']['name']}: the zero-and-positive rule counts mismatched tokens; use mismatch_count")]
-        return out + ([] if "min_tokens" in rule else [("/rule/min_tokens", "missing: how many compared tokens the treatment needs")])
-    return [] if isinstance(rule.get("bound"), (int, float)) else [("/rule/bound", f"missing: the {rule.get('kind')} rule needs a bound")]
+        out = [] if metric["name"] == "mismatch_count" else [
+            (f"{at}/metric/name", f"{metric['name']}: the zero-and-positive rule counts mismatched tokens; use mismatch_count")]
+        return out + ([] if "min_tokens" in rule else [(f"{at}/rule/min_tokens", "missing: how many compared tokens the treatment needs")])
+    return [] if isinstance(rule.get("bound"), (int, float)) else [(f"{at}/rule/bound", f"missing: the {rule.get('kind')} rule needs a bound")]
+
+
+def _criteria_problems(doc: dict) -> list[tuple[str, str]]:
+    """Each criterion's rule against its metric, and names unique (pointers as in the document: /criteria/<i>/…
+    for v2, /metric and /rule for v1)."""
+    if "criteria" not in doc:
+        return _rule_problems(doc["metric"], doc["rule"])
+    out, seen = [], {}
+    for i, c in enumerate(doc["criteria"]):
+        out += _rule_problems(c["metric"], c["rule"], f"/criteria/{i}")
+        if c["name"] in seen:
+            out.append((f"/criteria/{i}/name", f"{c['name']!r} is also the name of /criteria/{seen[c['name']]}: each "
+                                               "criterion needs its own name"))
+        seen.setdefault(c["name"], i)
+    return out
 
 
 def declared_runs(doc: dict) -> list[dict]:
@@ -142,7 +177,7 @@ def seal_claim(doc: dict, resolve_arm, private_key=None) -> dict:
     require_valid(doc, "claim", "claim")
     if "sealed" in doc:
         raise BadInput("claim: already sealed (it has 'sealed'); seal the claim document you wrote")
-    problems = _rule_problems(doc) + _runs_problems(doc)
+    problems = _criteria_problems(doc) + _runs_problems(doc)
     if problems:
         raise BadInput("claim: " + "; ".join(f"{p}: {m}" for p, m in problems))
     out = copy.deepcopy(doc)
@@ -169,7 +204,7 @@ def claim_problems(doc: dict) -> list[tuple[str, str]]:
     problems = schema_problems(doc, "claim")
     if problems:
         return problems
-    problems = _rule_problems(doc) + _runs_problems(doc)
+    problems = _criteria_problems(doc) + _runs_problems(doc)
     sealed = doc.get("sealed")
     if sealed is None:
         return problems + [("/sealed", "missing: the claim is not sealed; kit claim seal FILE seals it")]
@@ -189,17 +224,17 @@ def read_sealed_claim(path: Path, flag: str = "CLAIM") -> Claim:
         doc = read_json_file(path)
     except KitError as exc:
         raise BadInput(f"{flag} {exc}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != CLAIM_SCHEMA:
-        raise BadInput(f"{flag} {path}: not a {CLAIM_SCHEMA} document")
+    if not isinstance(doc, dict) or doc.get("schema") not in CLAIM_SCHEMAS:
+        raise BadInput(f"{flag} {path}: not a {' or '.join(CLAIM_SCHEMAS)} document")
     if "sealed" not in doc:
         raise BadInput(f"{flag} {path}: not sealed; run kit claim seal {path} first")
     problems = claim_problems(doc)
     if problems:
         raise CheckFailed(f"{flag} {path}: " + "; ".join(f"{p}: {m}" for p, m in problems))
     runs = tuple(DeclaredRun(r["run_id"], r["role"], r["seed"]) for r in doc["runs"])
+    criteria = tuple(Criterion(c["name"], c["metric"], c["rule"]) for c in claim_criteria(doc))
     return Claim(doc["name"], doc["hypothesis"], {r: dict(doc["arms"][r]) for r in ROLES}, tuple(doc["seeds"]),
-                 doc["rollouts"], runs, doc["metric"], doc["rule"], doc["inconclusive"], doc["sealed"]["claim_sha256"],
-                 str(path), doc)
+                 doc["rollouts"], runs, criteria, doc["inconclusive"], doc["sealed"]["claim_sha256"], str(path), doc)
 
 
 def binding_record(claim: Claim, run_id: str) -> dict:
@@ -271,6 +306,21 @@ def decide(rule: dict, stats: dict) -> tuple[str, str]:
     return INCONCLUSIVE, f"{ci}: the interval contains {bound:g}"
 
 
+def claim_verdict(criteria: list[str], *, complete: bool = True, controlled: bool | None = True) -> str:
+    """The claim's verdict from its criteria's sub-verdicts (pure): incomplete when its runs are (or a
+    criterion is); else inconclusive when the pair is not controlled; else supported when every criterion
+    is supported, not supported when at least one is not, inconclusive otherwise."""
+    if not criteria:
+        raise ValueError("a claim has at least one criterion")
+    if not complete or INCOMPLETE in criteria:
+        return INCOMPLETE
+    if not controlled:
+        return INCONCLUSIVE
+    if all(v == SUPPORTED for v in criteria):
+        return SUPPORTED
+    return NOT_SUPPORTED if NOT_SUPPORTED in criteria else INCONCLUSIVE
+
+
 # --- the verdict ------------------------------------------------------------------------------------------
 
 def verdict_sha256(doc: dict) -> str:
@@ -335,7 +385,7 @@ def _beside(path: Path, recorded: str) -> Path:
 
 def claim_verification(path: Path, doc: dict) -> tuple[list[tuple[str, str]], list[str]]:
     """``kit verify`` of a claim or a verdict document: ``(problems, notes)``."""
-    if doc.get("schema") == VERDICT_SCHEMA:
+    if doc.get("schema") in VERDICT_SCHEMAS:
         return verdict_problems(path, doc, verify_run_dir)
     problems = claim_problems(doc)
     if not problems:
@@ -357,3 +407,16 @@ def paths_relative_to(doc: dict, folder: Path) -> dict:
     for run in out["runs"]:
         run["run_dir"] = rel(run["run_dir"])
     return out
+
+
+def verdict_criteria(doc: dict, claim_doc: dict | None = None) -> list[dict]:
+    """A verdict's per-criterion results, ``{"name", "metric", "rule", "rule_text", "statistics", "verdict",
+    "reasons"}`` each: a v2 verdict's ``criteria``; a v1 verdict's one statistic and rule as one criterion
+    (its metric and rule objects from ``claim_doc``, the claim it names, when given)."""
+    if "criteria" in doc:
+        return doc["criteria"]
+    first = claim_criteria(claim_doc)[0] if isinstance(claim_doc, dict) and ("metric" in claim_doc or "criteria" in claim_doc) else {}
+    stats = doc.get("statistics")
+    name = first.get("name") or (stats or {}).get("metric") or "criterion"
+    return [{"name": name, "metric": first.get("metric", {}), "rule": first.get("rule", {}), "rule_text": doc["claim"]["rule"],
+             "statistics": stats, "verdict": doc["verdict"], "reasons": doc["reasons"]}]

@@ -19,13 +19,78 @@ from kit.analysis.replicates import two_level_resamples
 from kit.analysis.table import load_arm
 from kit.evidence import bundle as E
 from kit.evidence.audit import verify_run_dir
-from kit.evidence.claims import VERDICT_SCHEMA, claim_verification
+from kit.evidence.claims import VERDICT_SCHEMAS, claim_verification, verdict_criteria
 from kit.evidence.compare import compare_run_dirs
 from kit.model.documents import read_json_file
 from kit.model.errors import BadInput, KitError
 from kit.report.page import Banner, Commands, Figure, Page, Paragraph, Section, Table
 
 METRIC_OPTIONS = ("name", "steady_from", "length_control")
+
+
+def _slugs(names: list[str]) -> list[str]:
+    """An HTML id part per criterion name, distinct: ``step-time``, ``mismatch-count``."""
+    out = []
+    for name in names:
+        slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") or "criterion"
+        out.append(slug if slug not in out else f"{slug}-{len(out) + 1}")
+    return out
+
+
+def _ci(stat: dict | None) -> str:
+    return "-" if not stat else f"{stat['estimate']:.6g} [95 % CI {stat['ci95_low']:.6g}, {stat['ci95_high']:.6g}]"
+
+
+def metric_options(metric: dict) -> str:
+    """``mismatch_count, steady_from 0, length_control none, bootstrap two-level, 2000 draws, seed 1234``."""
+    out = ", ".join([str(metric.get("name", "-"))] + [f"{k} {metric[k]}" for k in METRIC_OPTIONS[1:] if k in metric])
+    b = metric.get("bootstrap")
+    return out + (f", bootstrap {b.get('scheme')}, {b.get('draws')} draws, seed {b.get('seed')}" if b else "")
+
+
+def criteria_table(criteria: list[dict]) -> Table:
+    """One row per criterion: its metric, its rule, the statistic the rule reads with its CI (or the token
+    totals for zero-and-positive), and its sub-verdict."""
+    rows = []
+    for c in criteria:
+        m, stats = c.get("metric") or {}, c.get("statistics") or {}
+        if "error" in stats:
+            shown = stats["error"]
+        elif not stats:
+            shown = "-"
+        elif stats.get("totals"):
+            t = stats["totals"]
+            shown = (f"treatment {t['treatment_mismatches']:,.0f} mismatched of {t['treatment_tokens']:,.0f} compared tokens; "
+                     f"reference {t['reference_mismatches']:,.0f} of {t['reference_tokens']:,.0f}")
+        elif (c.get("rule") or {}).get("kind") == "ratio-upper-bound":
+            shown = "ratio " + _ci(stats.get("ratio"))
+        else:
+            shown = "difference " + _ci(stats.get("difference"))
+        rows.append((c["name"], m.get("name", stats.get("metric", "-")), c["rule_text"], shown, c["verdict"]))
+    return Table("criteria", "Criteria: the claim is supported only when every one is, not supported when any is not",
+                 ("criterion", "metric", "decision rule", "statistic (95 % CI) or token totals", "verdict"), tuple(rows),
+                 toned_columns=(4,))
+
+
+def criterion_tables(c: dict, styles: dict, suffix: str) -> list:
+    """A criterion's seed means per arm, its effects with their CIs, and its token totals."""
+    stats = c["statistics"]
+    rows = [(styles[role][0], len(a["seed_means"]), ", ".join(f"{m:.6g}" for m in a["seed_means"]), f"{a['mean']:.6g}",
+             "-" if a["noise_floor"] is None else f"{a['noise_floor']:.6g}") for role, a in stats["arms"].items()]
+    effects = [(k, f"{v['estimate']:.6g}", f"{v['ci95_low']:.6g}", f"{v['ci95_high']:.6g}")
+               for k, v in (("treatment − reference", stats["difference"]), ("treatment ÷ reference", stats["ratio"]))
+               if v]
+    head = f"{c['name']}: " if suffix else ""
+    parts = [Paragraph(f"{c['name']}: {c['verdict']}, because {'; '.join(c['reasons'])}"),
+             Table("statistics" + suffix, f"{head}{stats['metric']} ({stats['unit']}): seed means per arm",
+                   ("arm", "seeds", "seed means", "mean", "noise floor (range)"), tuple(rows)),
+             Table("effects" + suffix, f"{head}effect with its two-level bootstrap 95 % CI",
+                   ("statistic", "estimate", "CI low", "CI high"), tuple(effects))]
+    if stats.get("totals"):
+        parts.append(Table("totals" + suffix, f"{head}token totals over every declared run's steps from "
+                                              f"{(c.get('metric') or {}).get('steady_from', 0)} on", ("total", "value"),
+                           tuple((k, f"{v:g}") for k, v in stats["totals"].items())))
+    return parts
 
 
 def _q(path) -> str:
@@ -101,29 +166,34 @@ def verdict_page(path: Path, tmp: Path) -> Page:
     claim = _read(claim_path) or {}
     runs = {r["run_id"]: (base / r["run_dir"]).resolve() for r in doc["runs"] if r["run_dir"] and r["status"] == "counted"}
     short = {r["run_id"]: f"{r['role']} s{r['seed']}" for r in doc["runs"]}
-    styles, per_step, arms = {}, {"reference": [], "treatment": []}, {}
+    criteria = verdict_criteria(doc, claim)
+    styles, arms = {}, {}
+    per_step = {c["name"]: {"reference": [], "treatment": []} for c in criteria}
     for r in doc["runs"]:
         if r["run_id"] in runs:
             manifest = _read(runs[r["run_id"]] / E.MANIFEST) or {}
             arms[r["role"]] = manifest.get("arm") or {}
-            if claim.get("metric"):
-                per_step[r["role"]].append(metric_values(load_arm(runs[r["run_id"]]), claim["metric"]))
+            loaded = load_arm(runs[r["run_id"]])
+            for c in criteria:
+                if c.get("metric"):
+                    per_step[c["name"]][r["role"]].append(metric_values(loaded, c["metric"]))
     for role in ("reference", "treatment"):
         name = (claim.get("arms", {}).get(role) or {}).get("name", role)
         styles[role] = arm_style(name, arms.get(role, {}))
-    stats = doc["statistics"]
     banner = Banner(doc["verdict"], "; ".join(doc["reasons"]) or "-")
     if problems:
         banner = Banner("failed", "kit verify refuses this verdict now: " + "; ".join(f"{p}: {m}" for p, m in problems[:3]))
-    metric = claim.get("metric", {})
     sections = [
-        Section("Claim", [Paragraph(doc["claim"]["hypothesis"]), Paragraph("Decision rule: " + doc["claim"]["rule"]),
+        Section("Claim", [Paragraph(doc["claim"]["hypothesis"]),
+                          Paragraph("Verdict: " + ("supported only when every criterion is supported, not supported "
+                                                   "when any is not, inconclusive otherwise (and whenever the pair is not "
+                                                   "controlled)" if len(criteria) > 1 else "the decision rule's")),
+                          criteria_table(criteria),
                           Paragraph("Inconclusive when: " + str(claim.get("inconclusive", "-"))),
                           Table("claim-options", f"Fixed before any run (claim sha256 {doc['claim']['sha256']})",
                                 ("option", "value"),
-                                tuple([(k, metric.get(k)) for k in METRIC_OPTIONS]
-                                      + [("bootstrap", ", ".join(f"{k} {v}" for k, v in metric.get("bootstrap", {}).items())),
-                                         ("seeds", claim.get("seeds")), ("rollouts", claim.get("rollouts"))]
+                                tuple([(f"criterion {c['name']}", metric_options(c.get("metric") or {})) for c in criteria]
+                                      + [("seeds", claim.get("seeds")), ("rollouts", claim.get("rollouts"))]
                                       + [(f"{role} arm", f"{a.get('name')} ({a.get('sha256')})")
                                          for role, a in claim.get("arms", {}).items()]))]),
         Section("Runs", [Table("runs", "Declared runs (arm x seed), as the verdict counted them",
@@ -138,21 +208,12 @@ def verdict_page(path: Path, tmp: Path) -> Page:
                                            doc["identity"]["scope"])),
         Section("Gates", [gates_table({short[k]: v for k, v in runs.items()})]),
     ]
-    if stats and "arms" in stats:
-        rows = [(styles[role][0], len(a["seed_means"]), ", ".join(f"{m:.6g}" for m in a["seed_means"]), f"{a['mean']:.6g}",
-                 "-" if a["noise_floor"] is None else f"{a['noise_floor']:.6g}") for role, a in stats["arms"].items()]
-        effects = [(k, f"{v['estimate']:.6g}", f"{v['ci95_low']:.6g}", f"{v['ci95_high']:.6g}")
-                   for k, v in (("treatment − reference", stats["difference"]), ("treatment ÷ reference", stats["ratio"]))
-                   if v]
-        parts = [Table("statistics", f"{stats['metric']} ({stats['unit']}): seed means per arm",
-                       ("arm", "seeds", "seed means", "mean", "noise floor (range)"), tuple(rows)),
-                 Table("effects", "Effect with its two-level bootstrap 95 % CI", ("statistic", "estimate", "CI low", "CI high"),
-                       tuple(effects))]
-        if stats.get("totals"):
-            parts.append(Table("totals", "Token totals over every declared run", ("total", "value"),
-                               tuple((k, f"{v:g}") for k, v in stats["totals"].items())))
-        parts += _figure(tmp / claim_figure(stats, per_step, styles, tmp), "figure-claim",
-                         "The claim's metric: seed means per arm and every run step by step")
+    shown = [c for c in criteria if c["statistics"] and "arms" in c["statistics"]]
+    if shown:
+        suffixes = ["" if len(criteria) == 1 else f"-{slug}" for slug in _slugs([c["name"] for c in criteria])]
+        parts = [part for c, suffix in zip(criteria, suffixes) if c in shown for part in criterion_tables(c, styles, suffix)]
+        parts += _figure(tmp / claim_figure(shown, per_step, styles, tmp), "figure-claim",
+                         "Each criterion's metric (one row each): seed means per arm and every run step by step")
         sections.append(Section("Statistics", parts))
     by_label = {rid: d for rid, d in runs.items()}
     role_of = {r["run_id"]: r["role"] for r in doc["runs"]}
@@ -232,8 +293,9 @@ def page_for(paths: list[Path]) -> Page:
         tmp = Path(tmp)
         if len(paths) == 1 and paths[0].is_file():
             doc = _read(paths[0])
-            if not isinstance(doc, dict) or doc.get("schema") != VERDICT_SCHEMA:
-                raise BadInput(f"ARGS {paths[0]}: not a {VERDICT_SCHEMA} document; give a verdict, one run dir or two")
+            if not isinstance(doc, dict) or doc.get("schema") not in VERDICT_SCHEMAS:
+                raise BadInput(f"ARGS {paths[0]}: not a {' or '.join(VERDICT_SCHEMAS)} document; give a verdict, one "
+                               "run dir or two")
             return verdict_page(paths[0], tmp)
         for p in paths:
             if not (p / E.MANIFEST).is_file():

@@ -1,5 +1,6 @@
-"""Claims as documents: sealing, the claim's own hash, binding a run's manifest, the decision rules, the
-verdict's hash. Pure over documents (the runs are in tests/cli/test_claim_workflow.py)."""
+"""Claims as documents: sealing (v1 and v2, criteria), the claim's own hash, binding a run's manifest, the
+decision rules, the combination of criteria, the verdict's hash. Pure over documents (the runs are in
+tests/cli/test_claim_workflow.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from kit.evidence.claims import (INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, binding_problems, claim_problems,
-                                 claim_sha256, decide, read_sealed_claim, seal_claim, seal_verdict,
-                                 seed_free_arm_sha256, verdict_sha256)
+from kit.evidence.claims import (INCOMPLETE, INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, binding_problems, claim_problems,
+                                 claim_sha256, claim_verdict, decide, read_sealed_claim, seal_claim, seal_verdict,
+                                 seed_free_arm_sha256, verdict_criteria, verdict_sha256)
 from kit.evidence.signing import generate_private_key
 from kit.model.errors import BadInput, CheckFailed
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "claims" / "smoke-mismatch.json"
+CLAIMS = Path(__file__).resolve().parents[2] / "manifests" / "claims"
+EXAMPLE = CLAIMS / "smoke-mismatch.json"
 ARM = {"name": "smoke", "operators": {"attention": "R/R"}, "workload": {"seed": 1, "rollout_seed": 1, "rollouts": 2}}
 NATIVE = dict(ARM, name="smoke-native", operators={"attention": "P/P"})
 
@@ -136,3 +138,78 @@ def test_verdict_hash_covers_every_field():
     sealed_doc = seal_verdict(doc)
     assert sealed_doc["verdict_sha256"] == verdict_sha256(sealed_doc)
     assert verdict_sha256(dict(sealed_doc, verdict="not supported")) != sealed_doc["verdict_sha256"]
+
+
+# --- claim/v2: several criteria ---------------------------------------------------------------------------
+
+def two_criteria() -> dict:
+    """The v1 example as a v2 claim of two criteria over the same runs."""
+    doc = json.loads(EXAMPLE.read_text())
+    metric, rule = doc.pop("metric"), doc.pop("rule")
+    step = {"name": "step_time_s", "steady_from": 1, "length_control": "none", "bootstrap": metric["bootstrap"]}
+    doc.update(schema="rlk-kit/claim/v2", criteria=[{"name": "mismatches", "metric": metric, "rule": rule},
+               {"name": "step-time", "metric": step, "rule": {"kind": "ratio-upper-bound", "bound": 1.1}}])
+    return doc
+
+
+def test_a_v2_claim_seals_like_a_v1_claim_and_reads_back_its_criteria(tmp_path):
+    doc = two_criteria()
+    path = tmp_path / "two.sealed.json"
+    path.write_text(json.dumps(seal_claim(doc, resolve)))
+    claim = read_sealed_claim(path)
+    assert claim.document["schema"] == "rlk-kit/claim/v2" and claim.sha256 == claim_sha256(claim.document)
+    assert [(c.name, c.metric["name"], c.rule["kind"]) for c in claim.criteria] == [
+        ("mismatches", "mismatch_count", "zero-and-positive"), ("step-time", "step_time_s", "ratio-upper-bound")]
+    v1 = read_sealed_claim(sealed(tmp_path))          # a v1 claim reads as one criterion named after its metric
+    assert v1.document["schema"] == "rlk-kit/claim/v1"
+    assert [(c.name, c.rule["kind"]) for c in v1.criteria] == [("mismatch_count", "zero-and-positive")]
+    edited = json.loads(path.read_text())
+    edited["criteria"][1]["rule"]["bound"] = 1.5
+    assert any("edited after it was sealed" in m for _, m in claim_problems(edited))
+
+
+@pytest.mark.parametrize("change, pointer", [
+    (lambda d: d.update(criteria=[]), "/criteria"),
+    (lambda d: d["criteria"][1].update(name="mismatches"), "/criteria/1/name"),
+    (lambda d: d["criteria"][1].update(rule={"kind": "ratio-upper-bound"}), "/criteria/1/rule/bound"),
+    (lambda d: d["criteria"][1].update(rule={"kind": "zero-and-positive", "min_tokens": 1}), "/criteria/1/metric/name"),
+    (lambda d: d.update(metric=d["criteria"][0]["metric"]), "/"),          # v1's fields are no v2 field
+])
+def test_seal_refuses_a_bad_criterion_naming_its_field(change, pointer):
+    doc = two_criteria()
+    change(doc)
+    with pytest.raises(BadInput) as info:
+        seal_claim(doc, resolve)
+    assert pointer in str(info.value)
+
+
+@pytest.mark.parametrize("criteria, complete, controlled, expected", [
+    ([SUPPORTED, SUPPORTED], True, True, SUPPORTED),
+    ([SUPPORTED], True, True, SUPPORTED),
+    ([SUPPORTED, NOT_SUPPORTED], True, True, NOT_SUPPORTED),
+    ([INCONCLUSIVE, NOT_SUPPORTED], True, True, NOT_SUPPORTED),       # one criterion fails: the claim fails
+    ([SUPPORTED, INCONCLUSIVE], True, True, INCONCLUSIVE),
+    ([INCONCLUSIVE, INCONCLUSIVE], True, True, INCONCLUSIVE),
+    ([SUPPORTED, SUPPORTED], True, False, INCONCLUSIVE),              # an uncontrolled pair decides nothing
+    ([NOT_SUPPORTED, SUPPORTED], True, False, INCONCLUSIVE),
+    ([SUPPORTED, SUPPORTED], False, True, INCOMPLETE),                # runs missing, failed or refused
+    ([INCOMPLETE, INCOMPLETE], True, None, INCOMPLETE),
+])
+def test_the_claim_verdict_combines_its_criteria(criteria, complete, controlled, expected):
+    assert claim_verdict(criteria, complete=complete, controlled=controlled) == expected
+
+
+def test_a_claim_without_criteria_has_no_verdict():
+    with pytest.raises(ValueError):
+        claim_verdict([])
+
+
+def test_a_v1_verdict_reads_as_one_criterion():
+    claim = json.loads(EXAMPLE.read_text())
+    doc = {"schema": "rlk-kit/claim-verdict/v1", "claim": {"name": "c", "sha256": "a" * 64, "path": "c.json",
+                                                         "hypothesis": "h", "rule": "r"},
+           "verdict": "supported", "reasons": ["x"], "statistics": {"metric": "mismatch_count"}}
+    (one,) = verdict_criteria(doc, claim)
+    assert (one["name"], one["rule"]["kind"], one["rule_text"], one["verdict"]) == ("mismatch_count", "zero-and-positive",
+                                                                                   "r", "supported")
+
