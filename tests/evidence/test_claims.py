@@ -10,14 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from kit.cli.plan import select_arm
 from kit.evidence.claims import (INCOMPLETE, INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, binding_problems, claim_problems,
                                  claim_sha256, claim_verdict, decide, read_sealed_claim, seal_claim, seal_verdict,
                                  seed_free_arm_sha256, verdict_criteria, verdict_sha256)
 from kit.evidence.signing import generate_private_key
+from kit.model.documents import schema_problems
 from kit.model.errors import BadInput, CheckFailed
+from kit.run.claimed import resolved_arm
 
 CLAIMS = Path(__file__).resolve().parents[2] / "manifests" / "claims"
 EXAMPLE = CLAIMS / "smoke-mismatch.json"
+GPU_CLAIM = CLAIMS / "gpu-strict-tax.json"
 ARM = {"name": "smoke", "operators": {"attention": "R/R"}, "workload": {"seed": 1, "rollout_seed": 1, "rollouts": 2}}
 NATIVE = dict(ARM, name="smoke-native", operators={"attention": "P/P"})
 
@@ -213,3 +217,22 @@ def test_a_v1_verdict_reads_as_one_criterion():
     assert (one["name"], one["rule"]["kind"], one["rule_text"], one["verdict"]) == ("mismatch_count", "zero-and-positive",
                                                                                    "r", "supported")
 
+
+def test_the_gpu_claim_validates_and_seals(tmp_path):
+    doc = json.loads(GPU_CLAIM.read_text())
+    assert doc["schema"] == "rlk-kit/claim/v2" and "sealed" not in doc and schema_problems(doc, "claim") == []
+    assert [(c["name"], c["metric"]["name"], c["rule"]) for c in doc["criteria"]] == [
+        ("step-time", "step_time_s", {"kind": "ratio-upper-bound", "bound": 1.10}),
+        ("mismatches", "mismatch_count", {"kind": "zero-and-positive", "min_tokens": 1000000})]
+    resolved = {}
+
+    def catalog_resolve(entry, rollouts):        # kit claim seal's own resolution: the catalog, nothing of a GPU host
+        resolved[entry["arm"]] = rollouts
+        return resolved_arm(select_arm(entry["arm"], entry.get("mode")), rollouts)
+
+    path = tmp_path / "gpu.sealed.json"
+    path.write_text(json.dumps(seal_claim(doc, catalog_resolve)))
+    claim = read_sealed_claim(path)
+    assert resolved == {"gpu-native": 30, "gpu-consistency": 30} and len(claim.runs) == 6
+    assert claim.runs[0].run_id == "gpu-strict-tax-reference-s1"
+    assert (claim.arms["reference"]["name"], claim.arms["treatment"]["name"]) == ("gpu-native", "gpu-consistency")
