@@ -60,9 +60,11 @@ def production_line(config: GrpoConfig) -> str:
     train = uses_fused(config.production, config.impls("train"), config.device)
     rollout = uses_fused(config.production, config.impls("rollout"), config.device)
     where = "no-grad passes (rollout prefill/decode, log-prob recomputes); the actor pass is the eager graph"
+    has_p = any(letter == "P" for side in ("train", "rollout") for letter in config.impls(side).values())
     if config.production == "fused" and not (any(train.values()) or any(rollout.values())):
-        where = ("nowhere here: no P module, or no CUDA device (the eager formula runs)"
-                 if str(config.device).startswith("cuda") else "nowhere here: on the CPU the eager formula runs")
+        where = ("nowhere here: no P module (R modules do not read it)" if not has_p
+                 else "nowhere here: on the CPU the eager formula runs" if not str(config.device).startswith("cuda")
+                 else "nowhere here: Triton is unavailable, the eager formula runs")
     return (f"gpu production: {config.production} (train layers={str(train['layers']).lower()} "
             f"logp={str(train['logp']).lower()}; rollout layers={str(rollout['layers']).lower()} "
             f"logp={str(rollout['logp']).lower()}): {where if config.production == 'fused' else 'the eager formula'}")
