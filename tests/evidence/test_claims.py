@@ -233,6 +233,6 @@ def test_the_gpu_claim_validates_and_seals(tmp_path):
     path = tmp_path / "gpu.sealed.json"
     path.write_text(json.dumps(seal_claim(doc, catalog_resolve)))
     claim = read_sealed_claim(path)
-    assert resolved == {"gpu-native": 25, "gpu-consistency": 25} and len(claim.runs) == 6
+    assert resolved == {"gpu-native": 20, "gpu-consistency": 20} and len(claim.runs) == 6
     assert claim.runs[0].run_id == "gpu-strict-tax-reference-s1"
     assert (claim.arms["reference"]["name"], claim.arms["treatment"]["name"]) == ("gpu-native", "gpu-consistency")
