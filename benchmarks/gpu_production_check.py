@@ -218,7 +218,8 @@ def policy_checks(cfg):
         del w32
         d = (got - eager).abs()
         ef, ee = float((got - ref).abs().mean()), float((eager - ref).abs().mean())
-        ok = float(d.max()) <= 0.1 and float(d.mean()) <= 0.01 and ef <= 2 * ee + 1e-3
+        # two bf16 roundings of the same formula: bounded apart, and fused no further from fp32 than eager
+        ok = float(d.max()) <= 0.1 and float(d.mean()) <= 0.02 and ef <= 2 * ee + 1e-3
         check("recompute fused vs eager (256 x 28 tokens, 4 layers)", ok,
               f"max|Δ logp| {float(d.max()):.3g}, mean {float(d.mean()):.3g}; mean |Δ| vs fp32: fused {ef:.3g}, eager {ee:.3g}")
     guarded("recompute", recompute)
@@ -316,7 +317,8 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     with torch.no_grad():
         kernel_checks(cfg)
-        policy_checks(cfg)
+        with torch.device("cuda"):                       # as the workload's driver runs (the eager KV cache)
+            policy_checks(cfg)
     torch.cuda.empty_cache()
     if not args.skip_grpo:
         grpo_checks(args.steps)
