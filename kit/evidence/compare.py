@@ -21,6 +21,7 @@ from kit.evidence.audit import verify_run_dir
 from kit.evidence.pinning import PINNED, SAME_HOST, run_identity
 from kit.model.arm import Arm, production_of
 from kit.model.documents import read_json_file
+from kit.model.engine_traits import TRAITS, traits
 from kit.model.errors import BadInput, KitError
 from kit.model.stack import stack_identity
 
@@ -152,8 +153,9 @@ def declared_between(doc_a: dict, doc_b: dict) -> tuple[tuple[str, ...], list[st
 
 
 def _with_production(view: dict, doc: dict) -> dict:
-    """A gpu arm without ``production`` (before arm/v5) runs the eager formula: compared as "eager"."""
-    if doc.get("engine") == "gpu":
+    """An arm of an engine with a production choice but without ``production`` (before arm/v5) runs the
+    eager formula: compared as "eager"."""
+    if doc.get("engine") in TRAITS and traits(doc["engine"]).production_choice:
         view["production"] = production_of(doc)
     return view
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from kit.model.engine_traits import traits
+from kit.model.engine_traits import TRAITS, traits
 from kit.model.stack import Stack
 from kit.model.topology import Topology, accepted_capture_ceilings, evidence_level, topology_problems
 
@@ -146,8 +146,9 @@ def arm_rule_problems(doc: dict, stack: Stack | None) -> list[tuple[str, str]]:
         if sizes not in ([list(range(1, k + 1)) for k in ceilings]):
             shown = " or ".join(f"[1..{k}]" for k in ceilings)
             out.append(("/graph/capture_sizes", f"{sizes} is not consistent with the engines; expected {shown}"))
-    if production_of(doc) != "eager" and doc["engine"] != "gpu":
-        out.append(("/production", f"{production_of(doc)!r}: only the gpu engine has a fused production path; "
+    if production_of(doc) != "eager" and not traits(doc["engine"]).production_choice:
+        choosers = ", ".join(t.name for t in TRAITS.values() if t.production_choice)
+        out.append(("/production", f"{production_of(doc)!r}: only the {choosers} engine has a fused production path; "
                                    f"a {doc['engine']} arm runs its framework's own (omit the field, or \"eager\")"))
     fixed_level = traits(doc["engine"]).fixed_evidence_level
     expected_level = fixed_level or evidence_level(topo)

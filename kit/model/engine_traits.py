@@ -29,18 +29,22 @@ class EngineTraits:
     routes_required: bool              # every module's kernel route line must be in its log (else optional)
     model_identity_in_log: bool        # its log states the model it built (checked against the pinned inputs)
     captures_graphs: bool              # it can capture CUDA graphs (graph.mode other than NONE)
+    production_choice: bool            # its arms choose the production implementation (arm/v5 ``production``)
 
 
 SMOKE = EngineTraits("smoke", platform="cpu", reward_model="copy", fixed_evidence_level="smoke", runs_on_host=True,
                      needs_gpus=False, uses_input_files=False, job_in_image_dir=False, reads_arm_file=True,
-                     routes_required=True, model_identity_in_log=True, captures_graphs=False)
+                     routes_required=True, model_identity_in_log=True, captures_graphs=False,
+                     production_choice=False)
 VIME = EngineTraits("vime", platform="cuda", reward_model="deepscaler", fixed_evidence_level=None, runs_on_host=False,
                     needs_gpus=True, uses_input_files=True, job_in_image_dir=True, reads_arm_file=False,
-                    routes_required=False, model_identity_in_log=False, captures_graphs=True)
+                    routes_required=False, model_identity_in_log=False, captures_graphs=True,
+                    production_choice=False)
 
 GPU = EngineTraits("gpu", platform="cuda", reward_model="successor", fixed_evidence_level=None, runs_on_host=True,
                    needs_gpus=True, uses_input_files=False, job_in_image_dir=False, reads_arm_file=True,
-                   routes_required=False, model_identity_in_log=False, captures_graphs=False)
+                   routes_required=False, model_identity_in_log=False, captures_graphs=False,
+                   production_choice=True)
 
 TRAITS: dict[str, EngineTraits] = {t.name: t for t in (SMOKE, VIME, GPU)}
 
