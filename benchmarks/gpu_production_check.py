@@ -24,7 +24,6 @@ Needs torch and Triton only; the repository need not be installed (``kernels/`` 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import pathlib
@@ -32,20 +31,8 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 RESULTS: list[tuple[str, bool, str]] = []
-
-
-def _bootstrap():
-    try:
-        import rlk_kernels  # noqa: F401
-        return
-    except ImportError:
-        pass
-    spec = importlib.util.spec_from_file_location("rlk_kernels", ROOT / "kernels" / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT / "kernels")])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["rlk_kernels"] = module
-    spec.loader.exec_module(module)
 
 
 def check(name: str, ok: bool, detail: str) -> None:
@@ -301,6 +288,7 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-grpo", action="store_true", help="kernels and policy passes only")
     parser.add_argument("--steps", type=int, default=2, help="GRPO steps per arm (default 2)")
     args = parser.parse_args(argv)
+    from gpu_strict_kernels import _bootstrap      # kernels/ registered as rlk_kernels, as the benchmark does
     _bootstrap()
     import torch
     if not torch.cuda.is_available():
