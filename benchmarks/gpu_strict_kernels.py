@@ -294,7 +294,8 @@ def invariance_at_scale(L):
     x = torch.randn(8192, cfg.hidden, device="cuda", generator=gen).to(torch.bfloat16)
     targets = torch.randint(0, cfg.vocab, (8192,), device="cuda", generator=gen)
     full_col = triton_gemm.shard_matmul(x, L.r_gu)
-    act = torch.randn(8, 8192, L.per, device="cuda", generator=gen).to(torch.bfloat16)
+    c = cfg.canonical_tp
+    act = torch.randn(c, 8192, L.per, device="cuda", generator=gen).to(torch.bfloat16)
     full_tree = triton_gemm.shard_matmul_tree(act, L.r_down)
     full_logp = triton_logp.logp(x, L.r_lm, targets, vocab=cfg.vocab)
     ok = {"gemm_columns": True, "gemm_tree": True, "logp": True}
@@ -304,8 +305,8 @@ def invariance_at_scale(L):
         ok["logp"] &= _same(triton_logp.logp(x[:rows], L.r_lm, targets[:rows], vocab=cfg.vocab), full_logp[:rows])
     ok["logp_tp_ranks"] = all(
         _same(triton_logp.logp(x[:300], L.r_lm, targets[:300], vocab=cfg.vocab,
-                               ranks=[range(r * 8 // tp, (r + 1) * 8 // tp) for r in range(tp)]), full_logp[:300])
-        for tp in (2, 4, 8))
+                               ranks=[range(r * c // tp, (r + 1) * c // tp) for r in range(tp)]), full_logp[:300])
+        for tp in (2, 4, 8) if tp <= c)
     # the FFN module (fused gate/up + SwiGLU above 256 rows, stored gate/up + SwiGLU kernel below)
     full_ffn = ffn("R", L, x)
     ok["ffn_module"] = all(_same(ffn("R", L, x[:rows]), full_ffn[:rows]) for rows in (1, 8, 64, 256, 257, 4096))
@@ -807,6 +808,9 @@ def main(argv=None):
     ap.add_argument("--fingerprint-only", action="store_true",
                     help="instead of the cold check, only the strict fingerprint (no variants), in this process")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--canonical-tp", type=int, default=8, choices=(1, 2, 4, 8),
+                    help="the strict contract's canonical width: 8 (every TP layout up to 8, the default) or the "
+                         "shard count an arm's layouts need (1: TP1 only, no shard tree)")
     ap.add_argument("--trials", type=int, default=7, help="timing rounds per case (bootstrap over them)")
     ap.add_argument("--sweep", action="store_true", help="also run the launch-configuration sweep")
     ap.add_argument("--no-split-sizes", action="store_true",
@@ -831,7 +835,7 @@ def main(argv=None):
                                "gemm_flat_tree": tg.FLAT_TREE, "gemm_flat_tree_config": list(tg.FLAT_TREE_CONFIG),
                                "gemm_vendor": vg.enabled(), "gemm_vendor_min_rows": vg.MIN_ROWS,
                                "qk_glue": "qkv_glue: one program per token, q/k/v in one launch"},
-           "argv": sys.argv[1:]}
+           "argv": sys.argv[1:], "canonical_tp": args.canonical_tp}
     print(json.dumps(doc["environment"]), flush=True)
     out = pathlib.Path(args.out)
 
@@ -854,7 +858,8 @@ def main(argv=None):
         wanted.discard("check")
     torch.manual_seed(0)
     with torch.no_grad():
-        L = Layer(ModelConfig.qwen3_8b())
+        base = ModelConfig.qwen3_8b()
+        L = Layer(type(base)(**{**base.to_json(), "canonical_tp": args.canonical_tp}))
         if "invariance" in wanted:
             section("invariance_at_scale", lambda: invariance_at_scale(L))
             print(json.dumps(doc["invariance_at_scale"], indent=1), flush=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rlk_kernels import ops
 from rlk_kernels.layouts import RolloutLayout, TrainLayout, rollout_layouts, training_layouts, zigzag_positions
@@ -75,7 +75,28 @@ def check_shape(shape: str, device: str = "cpu") -> CheckShape:
                                                      "instead of every size 1..64; each under every rollout "
                                                      "TP (prefill, then the last 8 positions decoded)",
                                       "layers": "one layer's attention and FFN weights, and the full LM head"})
-    raise ValueError(f"unknown shape {shape!r}; accepted: smoke, qwen3-8b")
+    if shape == "qwen3-8b-w1":
+        return _width_one(check_shape("qwen3-8b", device))
+    raise ValueError(f"unknown shape {shape!r}; accepted: {', '.join(SHAPES)}")
+
+
+SHAPES = ("smoke", "qwen3-8b", "qwen3-8b-w1")
+WIDTH_ONE_TRAIN = (TrainLayout(1, 2), TrainLayout(1, 4), TrainLayout(1, 8))
+
+
+def _width_one(spec: CheckShape) -> CheckShape:
+    """Qwen3-8B at canonical width 1: the contract of an arm whose only TP layout is TP1 (training and
+    rollout), so every row-parallel product is one fixed-order product with no shard tree. The same
+    inputs, decode batches and passes; the layouts such an arm can take: TP1 under CP 1, 2, 4, 8
+    (training) and rollout TP1."""
+    config = type(spec.config)(**{**spec.config.to_json(), "canonical_tp": 1})
+    long = _width_one(spec.long_context) if spec.long_context is not None else None
+    reductions = dict(spec.reductions)
+    if reductions:
+        reductions["layouts"] = "canonical width 1: training TP1/CP2, TP1/CP4, TP1/CP8 against TP1/CP1; rollout TP1"
+    train = (TrainLayout(1, 8),) if spec.name.endswith("-7k") else WIDTH_ONE_TRAIN   # the long pass: one CP layout
+    return replace(spec, name=spec.name.replace("qwen3-8b", "qwen3-8b-w1"), config=config, train_layouts=train,
+                   rollout_tps=(1,), long_context=long, reductions=reductions)
 
 
 def _bytes(t) -> bytes:

@@ -221,9 +221,38 @@ def strict_logp(h, lm_shards, targets, *, vocab: int, temperature: float = 1.0, 
 
 # --- weight views per canonical shard ----------------------------------------------------------------
 
+def layer_weights(weights, cfg, index: int, *, strict: bool = True, refill: dict | None = None) -> dict:
+    """Layer ``index``'s weights by their short names; with ``strict`` also the strict paths' per-shard
+    layouts built once (``qkv_shards``, ``gate_up_shards``) instead of at every call. ``refill``: an
+    earlier result for the same layer whose layouts are refilled in place (a captured CUDA graph keeps
+    reading the same addresses). The layouts are the same tensors the calls would build: the same bits."""
+    prefix = f"layers.{index}."
+    w = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+    if strict:
+        for name, build in (("qkv_shards", _qkv_shard_weights), ("gate_up_shards", _gate_up_shard_weights)):
+            fresh = build(w, cfg)
+            if refill is not None and name in refill and refill[name].shape == fresh.shape:
+                refill[name].copy_(fresh)
+                fresh = refill[name]
+            w[name] = fresh
+    return w
+
+
+def _gate_up_shard_weights(w, cfg):
+    """[C, K, 2*F/C]: each virtual shard's gate columns, then its up columns."""
+    import torch
+    if "gate_up_shards" in w:
+        return w["gate_up_shards"]
+    c = cfg.canonical_tp
+    per = cfg.ffn_hidden // c
+    return torch.cat([w["w_gate"].view(c, per, cfg.hidden), w["w_up"].view(c, per, cfg.hidden)], dim=1).transpose(1, 2)
+
+
 def _qkv_shard_weights(w, cfg):
     """[C, K, cols] with cols = (Hq/C + 2*Hkv/C) * D: q, k, v columns of each virtual shard."""
     import torch
+    if "qkv_shards" in w:
+        return w["qkv_shards"]
     c, d = cfg.canonical_tp, cfg.head_dim
     wq = w["wq"].view(c, cfg.heads // c * d, cfg.hidden)
     wk = w["wk"].view(c, cfg.query_groups // c * d, cfg.hidden)
@@ -259,6 +288,8 @@ def qkv_projection(impl, w, cfg, x, tp):
             out = (x @ wr.permute(1, 0, 2).reshape(cfg.hidden, -1)).view(x.shape[0], len(shards), cols).permute(1, 0, 2)
         per_rank[rank] = _split_qkv(out, cfg, len(shards))
     parts = all_gather(group, per_rank)
+    if len(parts) == 1:
+        return parts[0]
     return tuple(torch.cat([p[i] for p in parts], dim=1) for i in range(3))
 
 
@@ -327,7 +358,8 @@ def _project_heads_fused(w, cfg, rope, normed, pos, tp):
     for rank in group.local_ranks():
         shards = virtual_shards(rank, tp, c)
         per_rank[rank] = strict_linear_rows(normed, shard_w[shards.start:shards.stop])
-    out = torch.cat(all_gather(group, per_rank), dim=0)                      # [C, M, cols]
+    parts = all_gather(group, per_rank)
+    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)          # [C, M, cols]
     cos, sin = rope
     return qkv_glue(out, w["q_norm"], w["k_norm"], cfg.norm_eps, cos, sin, pos, heads=cfg.heads,
                     groups=cfg.query_groups, scale=d ** -0.5)
@@ -425,14 +457,16 @@ class KVCache:
         self.k, self.v = self.k[rows], self.v[rows]
 
 
-def attention_module_cached(impl, w, cfg, rope, x, pos, tp, cache: KVCache, *, phase: str):
+def attention_module_cached(impl, w, cfg, rope, x, pos, tp, cache: KVCache, *, phase: str, keys: int | None = None):
     """Rollout-side attention with a KV cache: ``phase`` "prefill" (all sequences start at 0, same
-    length) or "decode" (one new token per sequence, any positions). x [B, L, H], pos [B, L]."""
+    length) or "decode" (one new token per sequence, any positions). x [B, L, H], pos [B, L].
+    ``keys``: the cache length to attend (the largest position + 1), when the caller knows it: read
+    from ``pos`` otherwise, a device-to-host copy a CUDA graph cannot hold."""
     import torch
     _check_impl(impl)
     q, k, v = _project_heads(impl, w, cfg, rope, x, pos, tp)
     cache.write(k, v, pos)
-    keys = int(pos.max()) + 1
+    keys = int(pos.max()) + 1 if keys is None else keys
     kc, vc = cache.k[:, :, :keys], cache.v[:, :, :keys]
     if impl == "R":
         core = strict_attention(q, kc, vc, pos)
@@ -454,7 +488,7 @@ def ffn_module(impl, w, cfg, x, tp):
     per = cfg.ffn_hidden // c
     group = group_for("tp", tp)
     normed = _norm(impl, x, w["post_norm"], cfg.norm_eps)
-    gate_up = torch.cat([w["w_gate"].view(c, per, cfg.hidden), w["w_up"].view(c, per, cfg.hidden)], dim=1).transpose(1, 2)
+    gate_up = _gate_up_shard_weights(w, cfg)
     down = w["w_down"].view(cfg.hidden, c, per).permute(1, 2, 0)                     # [C, per, H]
     local = {}
     for rank in group.local_ranks():

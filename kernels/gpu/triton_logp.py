@@ -28,6 +28,7 @@ BN = 128                      # vocabulary tile: fixed for every launch (the sum
 SMALL = (64, BN, 128, 4, 4)
 LARGE = (128, BN, 64, 8, 3)
 MERGE_ROWS = 128
+MERGE_PROGRAMS = 128          # fold programs wanted before the row block shrinks
 MERGE_CHUNK = 8               # vocabulary tiles read per load in the merge (does not touch the order)
 
 
@@ -146,6 +147,15 @@ def new_buffers(rows: int, canonical: int, width: int, device):
     return sm, torch.empty_like(sm), torch.zeros(rows, dtype=torch.float32, device=device)
 
 
+def merge_rows(rows: int, canonical: int) -> int:
+    """Rows per fold program: fewer where there are few (row block, shard) programs (one wide shard walks
+    all its tiles in one program per block). Each row folds its own tiles in order whatever the block."""
+    block = MERGE_ROWS
+    while block > 16 and -(-rows // block) * canonical < MERGE_PROGRAMS:
+        block //= 2
+    return block
+
+
 def merge(buffers, rows: int, canonical: int, width: int):
     import torch
     sm, sl, tgt_logit = buffers
@@ -153,10 +163,11 @@ def merge(buffers, rows: int, canonical: int, width: int):
     if rows:
         shard_max = torch.empty(canonical * rows, dtype=torch.float32, device=sm.device)
         shard_sum = torch.empty_like(shard_max)
-        blocks = -(-rows // MERGE_ROWS)
+        block = merge_rows(rows, canonical)
+        blocks = -(-rows // block)
         _shard_kernel[(blocks, canonical)](sm, sl, shard_max, shard_sum, rows, -(-width // BN),
-                                           BLOCK=MERGE_ROWS, CHUNK=MERGE_CHUNK, num_warps=4, enable_fp_fusion=False)
-        _merge_kernel[(blocks,)](shard_max, shard_sum, tgt_logit, out, rows, SHARDS=canonical, BLOCK=MERGE_ROWS,
+                                           BLOCK=block, CHUNK=MERGE_CHUNK, num_warps=4, enable_fp_fusion=False)
+        _merge_kernel[(blocks,)](shard_max, shard_sum, tgt_logit, out, rows, SHARDS=canonical, BLOCK=block,
                                  num_warps=4, enable_fp_fusion=False)
     return out
 

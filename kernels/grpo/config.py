@@ -6,6 +6,7 @@ One process, one device: training and rollout both run at TP1/CP1 (the strict op
     config = GrpoConfig.from_arm(json.load(open("manifests/gpu-consistency.json")))
     config.impls("rollout")      # {"attention": "R", "ffn": "R", "logp": "R"}
     config.production            # "fused" (the arm's production field; absent: "eager")
+    config.decode_graph_sizes    # () for graph mode NONE; the capture sizes for FULL_DECODE_ONLY
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, replace
 from rlk_kernels.model import ModelConfig
 
 MODULES = ("attention", "ffn", "logp")
+GRAPH_MODES = ("NONE", "FULL_DECODE_ONLY")
 CASES = ("P/P", "R/R", "P/R", "R/P")
 
 
@@ -49,6 +51,7 @@ class GrpoConfig:
     micro_batch: int             # sequences per training micro-batch (max_tokens_per_gpu / sequence length)
     device: str = "cuda"
     production: str = "eager"    # which production formula the P modules run: "fused" or "eager" (rlk_kernels.grpo.fused)
+    decode_graph_sizes: tuple = ()   # rollout batch sizes whose decode steps run as CUDA graphs (/graph, FULL_DECODE_ONLY)
 
     @classmethod
     def from_arm(cls, document: dict, device: str | None = None) -> "GrpoConfig":
@@ -71,6 +74,10 @@ class GrpoConfig:
         for field in ("tp", "cp", "rollout_tp", "rollout_cp", "gpus"):
             if int(topology.get(field, 1)) != 1:
                 raise ValueError(f"/topology/{field}: {topology.get(field)}; the gpu engine runs on one device (1)")
+        graph = document.get("graph") or {"mode": "NONE", "capture_sizes": []}
+        if graph.get("mode") not in GRAPH_MODES:
+            raise ValueError(f"/graph/mode: {graph.get('mode')!r}; the gpu engine captures whole decode steps or "
+                             f"nothing: {' or '.join(GRAPH_MODES)}")
         optimizer = _get(document, "/workload/optimizer") or {}
         wl = _get(document, "/workload")
         kl = _get(document, "/workload/kl")
@@ -87,6 +94,7 @@ class GrpoConfig:
             kl_coef=float(kl["coef"]) if kl.get("use_kl_loss") else 0.0,
             micro_batch=max(1, int(wl["max_tokens_per_gpu"]) // (PROMPT_LEN + response_len)),
             device=device or ("cuda" if _cuda() else "cpu"), production=production,
+            decode_graph_sizes=tuple(int(n) for n in graph.get("capture_sizes", [])) if graph["mode"] != "NONE" else (),
         )
         return config.validated()
 

@@ -65,6 +65,16 @@ class FusedWeights:
             self.final_norm = weights["final_norm"].detach()
             self.lm_head = weights["lm_head"].detach()
 
+    def refill(self, weights: dict) -> None:
+        """Take ``weights`` updated in place: the merged layouts are refilled at their addresses (the
+        other entries are views of those tensors already)."""
+        import torch
+        with torch.no_grad():
+            for index, layer in enumerate(self.layers):
+                p = f"layers.{index}."
+                torch.cat([weights[p + "wq"], weights[p + "wk"], weights[p + "wv"]], 0, out=layer["qkv"])
+                torch.cat([weights[p + "w_gate"], weights[p + "w_up"]], 0, out=layer["gate_up"])
+
 
 def new_caches(cfg, batch: int, capacity: int, dtype, device, count: int):
     """``count`` (k, v) pairs [B, Hkv, capacity, D]: the layout of :class:`rlk_kernels.ops.KVCache`."""

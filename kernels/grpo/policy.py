@@ -51,12 +51,13 @@ def strict_rms_norm(x, weight, eps):
     return primitives.rms_norm(x, weight, eps)
 
 
-def layers_forward(weights, cfg, rope, h, impls):
-    """Full-sequence decoder layers at TP1/CP1: h [B, L, H] -> [B, L, H] in h's dtype."""
+def layers_forward(weights, cfg, rope, h, impls, layer_ws=None):
+    """Full-sequence decoder layers at TP1/CP1: h [B, L, H] -> [B, L, H] in h's dtype. ``layer_ws``:
+    the layers' weights from :func:`rlk_kernels.ops.layer_weights`, when the caller built them once."""
     length = h.shape[1]
     positions = [list(range(length))]
     for index in range(cfg.layers):
-        w = {k[len(f"layers.{index}."):]: v for k, v in weights.items() if k.startswith(f"layers.{index}.")}
+        w = layer_ws[index] if layer_ws is not None else ops.layer_weights(weights, cfg, index, strict=False)
         attn = ops.attention_module_train(impls["attention"], w, cfg, rope, [h], positions, 1)[0]
         h = h + attn.to(h.dtype)
         h = h + ops.ffn_module(impls["ffn"], w, cfg, h.reshape(-1, cfg.hidden), 1).view_as(h).to(h.dtype)
@@ -88,6 +89,10 @@ def token_logp(impl, weights, cfg, x, targets, *, temperature=1.0):
     return production_logp(weights, cfg, x, targets, temperature=temperature)
 
 
+def _strict_layers(impls) -> bool:
+    return "R" in (impls["attention"], impls["ffn"])
+
+
 def sequence_logprobs(weights, cfg, rope, tokens, impls, *, prompt_len: int, chunk: int, temperature=1.0,
                       production: str = "eager", fused_weights=None, choice=None):
     """Training-side recompute (no grad) of the response tokens' log-probs over full sequences, ``chunk``
@@ -104,6 +109,8 @@ def sequence_logprobs(weights, cfg, rope, tokens, impls, *, prompt_len: int, chu
         choice = BackendChoice()
     out = []
     with torch.no_grad():
+        layer_ws = None if fused["layers"] else [ops.layer_weights(weights, cfg, i, strict=_strict_layers(impls))
+                                                 for i in range(cfg.layers)]
         for part in tokens.split(chunk):
             targets = part[:, prompt_len:].reshape(-1)
             if fused["layers"]:
@@ -115,7 +122,7 @@ def sequence_logprobs(weights, cfg, rope, tokens, impls, *, prompt_len: int, chu
                                                  temperature=temperature).view(part.shape[0], -1))
                     continue
             else:
-                h = layers_forward(weights, cfg, rope, weights["embed"][part[:, :-1]], impls)
+                h = layers_forward(weights, cfg, rope, weights["embed"][part[:, :-1]], impls, layer_ws)
             rows = h[:, prompt_len - 1:].reshape(-1, cfg.hidden)
             if fused["logp"]:
                 lp = fused_logp(fused_weights, cfg, rows, targets, temperature=temperature)
@@ -134,6 +141,14 @@ class RolloutEngine:
     the live ids and reports the fused log-prob kernel's value of the sampled token; ``log`` receives
     the SDPA backend chosen per shape.
 
+    ``decode_graph_sizes`` (the arm's graph mode FULL_DECODE_ONLY, as vLLM's): on CUDA a decode step of a
+    batch size listed there runs as a CUDA graph. The first rollout runs every step eagerly (kernels
+    compile, vendor GEMMs are certified, SDPA backends chosen), the second captures one graph per step
+    (its batch and cache length are fixed) and later rollouts replay them: the same kernels on the same
+    shapes, so the same bits, without the host issuing every launch. Weights and caches keep their
+    addresses for that (a sync copies into them). Prefill and sampling always run eagerly; a step that
+    cannot be captured turns the graphs off with a log line.
+
     Example::
 
         engine = RolloutEngine(cfg, impls=ALL_R, dtype=torch.bfloat16, device="cuda")
@@ -142,33 +157,54 @@ class RolloutEngine:
     """
 
     def __init__(self, cfg, *, impls, dtype, device, temperature=1.0, top_p=1.0, top_k=-1, production="eager",
-                 log=None):
+                 log=None, decode_graph_sizes=()):
         from rlk_kernels.grpo.fused import uses_fused
         self.cfg, self.impls, self.dtype, self.device = cfg, dict(impls), dtype, device
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.rope = rope_for(cfg, dtype, device)
-        self.weights = None
+        self.weights = self.layer_ws = None
         self.fused = uses_fused(production, self.impls, device)
         self.fused_weights = self.choice = None
+        self.log = log
         if self.fused["layers"] or self.fused["logp"]:
             from rlk_kernels.gpu.production import BackendChoice
             self.choice = BackendChoice(log=log)
+        self.graph_sizes = frozenset(decode_graph_sizes) if str(device).startswith("cuda") else frozenset()
+        self.graphs = bool(self.graph_sizes)
+        self._caches = {}          # (batch, capacity) -> the layers' caches, reused by every rollout of that shape
+        self._steps = {}           # (batch, capacity, start) -> "seen" after its eager run, then a _DecodeGraph
+        self._pool = self._stream = None
 
     def load_weights(self, params: dict) -> None:
         import torch
         with torch.no_grad():
-            self.weights = {k: v.detach().to(self.dtype).clone() for k, v in params.items()}
+            fresh = {k: v.detach().to(self.dtype) for k, v in params.items()}
+            same = self.weights is not None and self.weights.keys() == fresh.keys() and all(
+                self.weights[k].shape == v.shape for k, v in fresh.items())
+            if same:
+                for k, v in fresh.items():
+                    self.weights[k].copy_(v)
+            else:
+                self.weights = {k: v.clone() for k, v in fresh.items()}
+                self._steps.clear()                           # graphs of the old tensors are dropped
+            if not self.fused["layers"]:
+                old = self.layer_ws if same else None
+                self.layer_ws = [ops.layer_weights(self.weights, self.cfg, i, strict=_strict_layers(self.impls),
+                                                   refill=old[i] if old else None) for i in range(self.cfg.layers)]
             if self.fused["layers"] or self.fused["logp"]:
                 from rlk_kernels.grpo.fused import FusedWeights
-                self.fused_weights = None                     # the previous step's copy freed first
-                self.fused_weights = FusedWeights(self.weights, self.cfg)
+                if same and self.fused_weights is not None:
+                    self.fused_weights.refill(self.weights)
+                else:
+                    self.fused_weights = None                 # the previous copy freed first
+                    self.fused_weights = FusedWeights(self.weights, self.cfg)
 
-    def _layers(self, h, pos, caches, phase):
+    def _layers(self, h, pos, caches, phase, keys):
         cfg = self.cfg
         for index in range(cfg.layers):
-            w = {k[len(f"layers.{index}."):]: v for k, v in self.weights.items() if k.startswith(f"layers.{index}.")}
+            w = self.layer_ws[index]
             h = h + ops.attention_module_cached(self.impls["attention"], w, cfg, self.rope, h, pos, 1, caches[index],
-                                                phase=phase).to(h.dtype)
+                                                phase=phase, keys=keys).to(h.dtype)
             h = h + ops.ffn_module(self.impls["ffn"], w, cfg, h.reshape(-1, cfg.hidden), 1).view_as(h).to(h.dtype)
         return h
 
@@ -204,17 +240,25 @@ class RolloutEngine:
         token = sample_tokens(logits[:, :cfg.vocab], generator, top_k=self.top_k, top_p=self.top_p)
         return token, logp_all.gather(-1, token.unsqueeze(-1)).squeeze(-1)
 
+    def _caches_for(self, batch: int, capacity: int, device):
+        key = (batch, capacity)
+        if key not in self._caches:
+            if self.fused["layers"]:
+                from rlk_kernels.grpo.fused import new_caches
+                self._caches[key] = new_caches(self.cfg, batch, capacity, self.dtype, device, self.cfg.layers)
+            else:
+                self._caches[key] = [ops.KVCache(batch, self.cfg, capacity, dtype=self.dtype)
+                                     for _ in range(self.cfg.layers)]
+        return self._caches[key]
+
     def generate(self, prompts, *, response_len: int, generator):
         """prompts [B, P] -> (tokens [B, P+response_len], logp [B, response_len] fp32)."""
         import torch
-        cfg = self.cfg
         with torch.no_grad():
             batch, plen = prompts.shape
-            if self.fused["layers"]:
-                from rlk_kernels.grpo.fused import new_caches
-                caches = new_caches(cfg, batch, plen + response_len, self.dtype, prompts.device, cfg.layers)
-            else:
-                caches = [ops.KVCache(batch, cfg, plen + response_len, dtype=self.dtype) for _ in range(cfg.layers)]
+            capacity = plen + response_len
+            caches = self._caches_for(batch, capacity, prompts.device)
+            captured = sum(isinstance(v, _DecodeGraph) for v in self._steps.values())
             pos = torch.arange(plen, device=prompts.device).unsqueeze(0).expand(batch, -1)
             last, normed = self._forward(self.weights["embed"][prompts], pos, caches, "prefill", start=0)
             tokens = torch.cat([prompts, prompts.new_zeros(batch, response_len)], dim=1)
@@ -225,16 +269,67 @@ class RolloutEngine:
                 logps[:, step] = logp
                 if step == response_len - 1:
                     break
-                step_pos = torch.full((batch, 1), plen + step, device=prompts.device)
-                last, normed = self._forward(self.weights["embed"][token].unsqueeze(1), step_pos, caches, "decode",
-                                             start=plen + step)
+                last, normed = self._decode(token, plen + step, caches, (batch, capacity, plen + step))
+            now = sum(isinstance(v, _DecodeGraph) for v in self._steps.values())
+            if now > captured and self.log is not None:
+                self.log(f"[RL-Kernel][cuda-graphs] rollout decode: {now - captured} steps captured "
+                         f"(batch={batch} capacity={capacity}); later rollouts replay them")
             return tokens, logps
+
+    def _decode(self, token, start: int, caches, key):
+        """One decode step at position ``start``: eager the first time a (batch, capacity, start) is met,
+        captured the second, replayed after (where graphs are on)."""
+        import torch
+        h = self.weights["embed"][token].unsqueeze(1)
+        graphed = self.graphs and token.shape[0] in self.graph_sizes
+        entry = self._steps.get(key) if graphed else None
+        if entry == "seen":
+            entry = self._steps[key] = self._capture(h, start, caches)
+        if isinstance(entry, _DecodeGraph):
+            entry.h.copy_(h)
+            entry.graph.replay()
+            return entry.last, entry.normed
+        if graphed:
+            self._steps[key] = "seen"
+        step_pos = torch.full((token.shape[0], 1), start, device=token.device)
+        return self._forward(h, step_pos, caches, "decode", start=start)
+
+    def _capture(self, h, start: int, caches):
+        import torch
+        static_h = h.clone()
+        step_pos = torch.full((h.shape[0], 1), start, device=h.device)
+        if self._stream is None:
+            # lazy per-stream state (library handles, workspaces) made outside any capture, on the capture stream
+            self._pool, self._stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+            self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream):
+                self._forward(static_h, step_pos, caches, "decode", start=start)
+            torch.cuda.current_stream().wait_stream(self._stream)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+                last, normed = self._forward(static_h, step_pos, caches, "decode", start=start)
+        except Exception as exc:                               # an op this build cannot capture
+            self.graphs = False
+            if self.log is not None:
+                self.log(f"[RL-Kernel][cuda-graphs] off: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}; "
+                         f"every decode step runs eagerly")
+            return None
+        graph.replay()
+        return _DecodeGraph(graph, static_h, last, normed)
 
     def _forward(self, h, pos, caches, phase, *, start):
         """(last position's residual stream [B, H], its final-normed rows [B, H] or None)."""
         if not self.fused["layers"]:
-            return self._layers(h, pos, caches, phase)[:, -1], None
+            return self._layers(h, pos, caches, phase, start + h.shape[1])[:, -1], None
         from rlk_kernels.grpo.fused import fused_layers
         normed, out = fused_layers(self.fused_weights, self.cfg, self.rope, h, start=start, caches=caches,
                                    choice=self.choice)
         return out[:, -1], normed[:, -1]
+
+
+class _DecodeGraph:
+    """A captured decode step: its input rows, the graph, and the outputs it writes."""
+
+    def __init__(self, graph, h, last, normed):
+        self.graph, self.h, self.last, self.normed = graph, h, last, normed

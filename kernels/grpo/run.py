@@ -54,6 +54,17 @@ def route_lines(config: GrpoConfig) -> list[str]:
     return lines
 
 
+def graph_line(config: GrpoConfig) -> str:
+    """Whether rollout decode steps run as CUDA graphs (the arm's /graph), and for which batch sizes."""
+    sizes = sorted(config.decode_graph_sizes)
+    if not sizes:
+        return "gpu decode graphs: NONE (every decode step eager)"
+    span = f"{sizes[0]}..{sizes[-1]}" if sizes == list(range(sizes[0], sizes[-1] + 1)) else ",".join(map(str, sizes))
+    where = ("captured from the second rollout on" if str(config.device).startswith("cuda")
+             else "none here: no CUDA device, every step eager")
+    return f"gpu decode graphs: FULL_DECODE_ONLY for batch sizes {span} ({where}; batch here {config.batch})"
+
+
 def production_line(config: GrpoConfig) -> str:
     """Which production formula the P modules run, and where the fused one applies."""
     from rlk_kernels.grpo.fused import uses_fused
@@ -93,13 +104,14 @@ def run_grpo(config: GrpoConfig, emit=print, should_stop=lambda: False) -> int:
         trainer = Trainer(c, log=emit)
         rollout = RolloutEngine(c.model, impls=c.impls("rollout"), dtype=compute_dtype(device), device=device,
                                 temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, production=c.production,
-                                log=emit)
+                                log=emit, decode_graph_sizes=c.decode_graph_sizes)
         ident = trainer.identity()
         emit(f"gpu model {c.model.name}: config_sha256={ident['config_sha256']} weights_sha256={ident['weights_sha256']} "
              f"dtype={ident['dtype']} seed={c.seed} rollout_seed={c.rollout_seed} prompts_sha256={prompt_set_sha256()}")
         for line in route_lines(c):
             emit(line)
         emit(production_line(c))
+        emit(graph_line(c))
         emit(f"rlkernel mismatch sidecar active: logp_case={c.logp_case}")
         prompts_all = prompt_set().to(device)
         done, generated, mismatched, compared = 0, 0, 0, 0

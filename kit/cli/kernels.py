@@ -8,6 +8,10 @@ import click
 
 from kit.model.errors import BadInput, CheckFailed
 
+# rlk_kernels.conformance.SHAPES (not imported here: the CLI loads without torch); qwen3-8b-w1 is the
+# contract at canonical width 1, the TP1-only arms' (gpu-native-w1, gpu-consistency-w1)
+CHECK_SHAPES = ("smoke", "qwen3-8b", "qwen3-8b-w1")
+
 
 @click.group(name="kernels")
 def command():
@@ -24,7 +28,7 @@ def command():
 @command.command(name="check")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where the operators run; cuda needs a visible CUDA GPU.")
-@click.option("--shape", type=click.Choice(["smoke", "qwen3-8b"]), default="smoke", show_default=True,
+@click.option("--shape", type=click.Choice(CHECK_SHAPES), default="smoke", show_default=True,
               help="Model shapes; qwen3-8b on CPU runs with reduced sequence length and batch (listed in the output).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rlk-kit/conformance/v1 document instead of the table.")
 def check(device: str, shape: str, as_json: bool):
