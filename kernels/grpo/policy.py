@@ -316,7 +316,7 @@ class RolloutEngine:
                          f"every decode step runs eagerly")
             return None
         graph.replay()
-        return _DecodeGraph(graph, static_h, last, normed)
+        return _DecodeGraph(graph, static_h, step_pos, last, normed)
 
     def _forward(self, h, pos, caches, phase, *, start):
         """(last position's residual stream [B, H], its final-normed rows [B, H] or None)."""
@@ -329,7 +329,8 @@ class RolloutEngine:
 
 
 class _DecodeGraph:
-    """A captured decode step: its input rows, the graph, and the outputs it writes."""
+    """A captured decode step: the graph, every tensor made outside it that it reads (kept alive here:
+    the graph holds their addresses, not references), and the outputs it writes."""
 
-    def __init__(self, graph, h, last, normed):
-        self.graph, self.h, self.last, self.normed = graph, h, last, normed
+    def __init__(self, graph, h, pos, last, normed):
+        self.graph, self.h, self.pos, self.last, self.normed = graph, h, pos, last, normed
