@@ -16,6 +16,7 @@ from kit.engines.vime.records import parse_records
 from kit.model.documents import read_json_file, schema_problems
 from kit.run.monitors import Monitors, plan_samplers
 from rlk_kernels.grpo.config import GrpoConfig
+from rlk_kernels import ops
 from rlk_kernels.grpo.run import run_grpo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,3 +188,46 @@ def test_committed_pair_analyses_with_monitor_plots(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     with open(tmp_path / "conv" / "runs.csv", newline="") as handle:
         assert len(list(csv.DictReader(handle))) == 2
+
+
+def test_width_one_pair_is_bitwise_equal_on_both_sides_and_controlled():
+    lines = []
+    run_grpo(GrpoConfig.from_arm(tiny_arm("gpu-consistency-w1", "R/R"), device="cpu"), emit=lines.append)
+    assert [s[MISMATCH] for s in steps(lines)] == [0, 0, 0]
+    assert all(s["train/train_current_rollout_logprob_numel"] > 0 for s in steps(lines))
+    proc = run_kit("compare", "gpu-native-w1", "gpu-consistency-w1")
+    assert proc.returncode == 0 and "controlled" in proc.stdout and "declared factors: operators" in proc.stdout
+
+
+def test_graph_mode_is_read_from_the_arm_and_stated_in_the_log():
+    from rlk_kernels.grpo.run import graph_line
+    doc = tiny_arm("gpu-native", "P/P")
+    config = GrpoConfig.from_arm(doc, device="cpu")
+    assert config.decode_graph_sizes == () and graph_line(config).startswith("gpu decode graphs: NONE")
+    doc["graph"] = {"mode": "FULL_DECODE_ONLY", "capture_sizes": list(range(1, 33))}
+    config = GrpoConfig.from_arm(doc, device="cpu")
+    assert config.decode_graph_sizes == tuple(range(1, 33))
+    assert "batch sizes 1..32 (none here: no CUDA device" in graph_line(config)
+    doc["graph"]["mode"] = "PIECEWISE"
+    with pytest.raises(ValueError, match="/graph/mode: 'PIECEWISE'.*NONE or FULL_DECODE_ONLY"):
+        GrpoConfig.from_arm(doc, device="cpu")
+
+
+def test_a_weight_sync_refills_the_rollout_weights_and_layouts_in_place():
+    import torch
+    from rlk_kernels.grpo import policy
+    config = GrpoConfig.from_arm(tiny_arm("gpu-consistency", "R/R"), device="cpu")
+    cfg = config.model
+    engine = policy.RolloutEngine(cfg, impls=config.impls("rollout"), dtype=torch.float32, device="cpu")
+    params = policy.init_policy_weights(cfg, 3, "cpu")
+    engine.load_weights(params)
+    addresses = {k: v.data_ptr() for k, v in engine.weights.items()}
+    layouts = [(w["qkv_shards"].data_ptr(), w["gate_up_shards"].data_ptr()) for w in engine.layer_ws]
+    moved = {k: v + 0.5 for k, v in params.items()}
+    engine.load_weights(moved)
+    assert {k: v.data_ptr() for k, v in engine.weights.items()} == addresses
+    assert [(w["qkv_shards"].data_ptr(), w["gate_up_shards"].data_ptr()) for w in engine.layer_ws] == layouts
+    for index, w in enumerate(engine.layer_ws):
+        fresh = ops.layer_weights(engine.weights, cfg, index)
+        assert torch.equal(w["qkv_shards"], fresh["qkv_shards"]) and torch.equal(w["gate_up_shards"], fresh["gate_up_shards"])
+    assert torch.equal(engine.weights["embed"], moved["embed"])

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kit.cli import cli
 from kit.model.documents import schema_problems
-from rlk_kernels import ops, primitives as pr
+from rlk_kernels import conformance, ops, primitives as pr
 from rlk_kernels.collectives import VirtualGroup, all_reduce_fixed_tree, all_reduce_rank_order
 from rlk_kernels.conformance import conformance_fingerprint, run_check
 from rlk_kernels.layouts import TrainLayout, training_layouts, zigzag_positions
@@ -204,3 +204,18 @@ def test_check_jobs_give_the_serial_checks_fingerprint_and_verdicts(monkeypatch)
     for module in conformance.MODULES:
         assert [(r["variant"], r["strict_bytes_equal"], r["elements"]) for r in got_rows[module]] == \
                [(r["variant"], r["strict_bytes_equal"], r["elements"]) for r in rows[module]]
+
+
+def test_the_width_one_shape_is_the_tp1_contract_and_holds(monkeypatch):
+    for device in ("cpu", "cuda"):
+        spec = conformance.check_shape("qwen3-8b-w1", device)
+        assert spec.config.canonical_tp == 1 and spec.rollout_tps == (1,)
+        assert spec.train_layouts == conformance.WIDTH_ONE_TRAIN and all(lay.tp == 1 for lay in spec.train_layouts)
+    assert spec.long_context.config.canonical_tp == 1 and spec.long_context.train_layouts == (TrainLayout(1, 8),)
+    assert spec.name == "qwen3-8b-w1" and spec.long_context.name == "qwen3-8b-w1-7k"
+    # the smoke model at width 1 through the same oracle: R invariant over TP1 under every CP and decode batch
+    smoke = conformance._width_one(conformance.check_shape("smoke"))
+    monkeypatch.setattr(conformance, "check_shape", lambda shape, device="cpu": smoke)
+    report = run_check(shape="smoke")
+    assert report["passed"] and report["model"]["canonical_tp"] == 1
+    assert not schema_problems(report, "rlk-kit/conformance/v1")
