@@ -81,7 +81,9 @@ class Layer:
         self.p_gu = torch.cat([lw["w_gate"], lw["w_up"]], 0)
         self.final_norm = w["final_norm"].cuda()
         self.lm = w["lm_head"].cuda()
-        self.r_lm = self.lm.view(c, cfg.padded_vocab // c, h).transpose(1, 2)
+        from rlk_kernels.ops import logp_slices
+        slices = logp_slices(cfg)
+        self.r_lm = self.lm.view(slices, cfg.padded_vocab // slices, h).transpose(1, 2)
         cos, sin = rope_table(cfg, 8192 + 64)
         self.cos, self.sin = cos.cuda().to(torch.bfloat16), sin.cuda().to(torch.bfloat16)
         self.nq, self.nk, self.per = nq, nk, per
@@ -303,9 +305,10 @@ def invariance_at_scale(L):
         ok["gemm_columns"] &= _same(triton_gemm.shard_matmul(x[:rows], L.r_gu), full_col[:, :rows])
         ok["gemm_tree"] &= _same(triton_gemm.shard_matmul_tree(act[:, :rows], L.r_down), full_tree[:rows])
         ok["logp"] &= _same(triton_logp.logp(x[:rows], L.r_lm, targets[:rows], vocab=cfg.vocab), full_logp[:rows])
+    slices = L.r_lm.shape[0]
     ok["logp_tp_ranks"] = all(
         _same(triton_logp.logp(x[:300], L.r_lm, targets[:300], vocab=cfg.vocab,
-                               ranks=[range(r * c // tp, (r + 1) * c // tp) for r in range(tp)]), full_logp[:300])
+                               ranks=[range(r * slices // tp, (r + 1) * slices // tp) for r in range(tp)]), full_logp[:300])
         for tp in (2, 4, 8) if tp <= c)
     # the FFN module (fused gate/up + SwiGLU above 256 rows, stored gate/up + SwiGLU kernel below)
     full_ffn = ffn("R", L, x)
@@ -406,12 +409,11 @@ DECODE_VARIANTS = (64, 16, 4)
 # other canonical splits: these change the strict bits (a different canonical schedule); timed to
 # show what the split size costs and buys (16384: one split, the schedule's upper bound)
 SPLIT_VARIANTS = (256, 512, 16384)
-LOGP_SMALL_VARIANTS = ((64, 128, 128, 4, 4), (64, 128, 64, 4, 6))
 
 
 def sweep(L, split_sizes=True):
     """Core attention (prefill 8192 tokens; decode batch 1 / 8 / 64 over 2048 / 7168 cached keys)
-    and decode logp (batch 8) under several schedules, each timed against the same P and checked
+    under several schedules, each timed against the same P and checked
     byte for byte against the defaults (attention: decode steps against the prefill rows)."""
     import torch
     import torch.nn.functional as F
@@ -422,8 +424,8 @@ def sweep(L, split_sizes=True):
     gen = torch.Generator(device="cuda").manual_seed(13)
     res = {"defaults": {"prefill": list(ta.PREFILL), "fast": ta.FAST, "heavy_first": ta.HEAVY_FIRST,
                         "decode": list(ta.DECODE), "combine_rows": ta.COMBINE_ROWS, "tma": ta.TMA, "split": ta.SPLIT,
-                        "logp_small": list(triton_logp.SMALL), "merge_chunk": triton_logp.MERGE_CHUNK},
-           "prefill_attention": [], "decode_attention": [], "split_size": [], "decode_logp": []}
+                        "logp_summary": list(triton_logp.SUMMARY), "merge_chunk": triton_logp.MERGE_CHUNK},
+           "prefill_attention": [], "decode_attention": [], "split_size": []}
     length = 8192
     qs = (torch.randn(1, cfg.heads, length, d, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
     ks = torch.randn(1, cfg.query_groups, length, d, device="cuda", generator=gen).to(torch.bfloat16)
@@ -490,25 +492,6 @@ def sweep(L, split_sizes=True):
             res["split_size"].append({"split": split, "error": repr(exc)[:300]})
         finally:
             ta.SPLIT = default_split
-    x = torch.randn(300, cfg.hidden, device="cuda", generator=gen).to(torch.bfloat16)
-    targets = torch.randint(0, cfg.vocab, (300,), device="cuda", generator=gen)
-    full = triton_logp.logp(x, L.r_lm, targets, vocab=cfg.vocab)                 # the large launch
-    default_small = triton_logp.SMALL
-    for batch in (1, 8):
-        xb, tb = x[:batch].contiguous(), targets[:batch].contiguous()
-        for small in LOGP_SMALL_VARIANTS:
-            row = {"batch": batch, "config": list(small)}
-            triton_logp.SMALL = small
-            try:
-                row["same_as_large_launch"] = _same(triton_logp.logp(xb, L.r_lm, tb, vocab=cfg.vocab), full[:batch])
-                row.update(side_by_side(lambda: triton_logp.logp(xb, L.r_lm, tb, vocab=cfg.vocab),
-                                        lambda: torch.log_softmax(F.linear(xb, L.lm)[:, :cfg.vocab].float(), -1), 20))
-            except Exception as exc:
-                row["error"] = repr(exc)[:300]
-            finally:
-                triton_logp.SMALL = default_small
-            res["decode_logp"].append(row)
-            print("sweep decode logp", row, flush=True)
     return res
 
 

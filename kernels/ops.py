@@ -514,8 +514,21 @@ def ffn_module(impl, w, cfg, x, tp):
     return all_reduce_rank_order(group, local)
 
 
+LOGP_SLICES = 8       # the LM head's vocabulary is summarised in at least this many slices
+
+
+def logp_slices(cfg) -> int:
+    """Vocabulary slices of the strict log-prob: the canonical width, but at least :data:`LOGP_SLICES`
+    where the padded vocabulary divides evenly. A narrower width (TP1-only arms) keeps the summaries'
+    fold as short as width 8's -- each slice's tiles in order, then the slices in order -- instead of
+    one program walking the whole vocabulary per row; any width's TP ranks hold whole slices."""
+    c = cfg.canonical_tp
+    return LOGP_SLICES if c < LOGP_SLICES and cfg.padded_vocab % LOGP_SLICES == 0 else c
+
+
 def lm_head_shards(weights, cfg):
-    return weights["lm_head"].view(cfg.canonical_tp, cfg.padded_vocab // cfg.canonical_tp, cfg.hidden).transpose(1, 2)
+    slices = logp_slices(cfg)
+    return weights["lm_head"].view(slices, cfg.padded_vocab // slices, cfg.hidden).transpose(1, 2)
 
 
 def logp_module(impl, weights, cfg, x, targets, tp, *, temperature=1.0, want_logits=False, side="train"):

@@ -1,12 +1,16 @@
-"""Strict selected-token logp fused with the LM head: per-(shard, vocabulary tile) summaries.
+"""Strict selected-token logp from the LM head's logits: per-(shard, vocabulary tile) summaries.
 
-One program computes a [BM, BN] logits tile of one virtual shard (full K loop, fp32 accumulator,
-``BN`` fixed for every launch so the summaries have one granularity), masks padded vocabulary,
-and writes the tile's (max, sum of exp(logit - max)) per row, plus the target logit when the target
-falls in the tile. The logits never reach memory. A shard kernel folds, per row and shard, the
-shard's tiles in vocabulary order into the shard's (max, sum-exp) — a shard with no valid token
-gets (0, 0), as the CPU reference's safe max does — and a merge kernel folds the shards in global
-order exactly as :func:`rlk_kernels.ops.strict_logp` merges them: logp = target - (max + log(sum)).
+The logits come from the strict column GEMM of :mod:`rlk_kernels.gpu.triton_gemm` (bf16 operands, fp32
+accumulation) in the rows' dtype (bf16 in the GPU passes, as production's LM head writes them; the CPU
+twin's fp32 rows give fp32 logits): row-invariant by construction, and above
+``vendor_gemm.MIN_ROWS`` rows from cuBLAS where this process certified the same bits. A summary
+kernel then reads each [rows, ``BN``] tile of one virtual shard (``BN`` fixed, one launch shape for
+every call, so a row's reductions have one order), masks padded vocabulary, and writes the tile's
+(max, sum of exp(logit - max)) per row, plus the target logit when the target falls in the tile. A
+shard kernel folds, per row and shard, the shard's tiles in vocabulary order into the shard's (max,
+sum-exp) -- a shard with no valid token gets (0, 0), as the CPU reference's safe max does -- and a
+merge kernel folds the shards in global order exactly as :func:`rlk_kernels.ops.strict_logp` merges
+them: logp = target - (max + log(sum)).
 
 Example (``TRITON_INTERPRET=1`` on a CPU)::
 
@@ -21,37 +25,36 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rlk_kernels.gpu.common import interpreting
-from rlk_kernels.gpu.triton_gemm import SMALL_ROWS, tile_dot, tile_ids
-
 BN = 128                      # vocabulary tile: fixed for every launch (the summary granularity)
-SMALL = (64, BN, 128, 4, 4)
-LARGE = (128, BN, 64, 8, 3)
+SUMMARY = (32, 4)             # (rows per summary program, warps): one launch shape for every row count
 MERGE_ROWS = 128
 MERGE_PROGRAMS = 128          # fold programs wanted before the row block shrinks
 MERGE_CHUNK = 8               # vocabulary tiles read per load in the merge (does not touch the order)
 
 
 @triton.jit(do_not_specialize=["M"])
-def _tiles_kernel(h_ptr, w_ptr, tgt_ptr, sm_ptr, sl_ptr, tl_ptr, M, K, width, shard0, vocab, n_tiles, inv_temp,
-                  shm, shk, sws, swk, swn,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-                  SCALE: tl.constexpr, INTERP: tl.constexpr):
-    pid_m, pid_n = tile_ids(tl.program_id(0), M, width, BM, BN, GROUP)
+def _summary_kernel(lg_ptr, tgt_ptr, sm_ptr, sl_ptr, tl_ptr, M, width, shard0, vocab, n_tiles, inv_temp,
+                    sls, slm, sln, BM: tl.constexpr, BN: tl.constexpr, SCALE: tl.constexpr):
+    # one program per (row block, vocabulary tile) of one shard; tiles of a row block are neighbours in
+    # the launch order, so the logits rows stream through once
+    pid_m = tl.program_id(0) // n_tiles
+    pid_n = tl.program_id(0) % n_tiles
     local = tl.program_id(1)
     shard = shard0 + local
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
-    logits = tile_dot(h_ptr, w_ptr + local * sws, rows, cols, M, width, K, shm, shk, swk, swn, BM, BN, BK, INTERP)
+    row_ok = rows < M
+    in_shard = cols < width
+    at_logits = lg_ptr + local.to(tl.int64) * sls + rows[:, None].to(tl.int64) * slm + cols[None, :] * sln
+    logits = tl.load(at_logits, mask=row_ok[:, None] & in_shard[None, :], other=0.0).to(tl.float32)
     if SCALE:
         logits = logits * inv_temp
     token = shard * width + cols
-    valid = (cols < width) & (token < vocab)
+    valid = in_shard & (token < vocab)
     logits = tl.where(valid[None, :], logits, float("-inf"))
     tile_max = tl.max(logits, 1)
     safe = tl.where(tile_max == float("-inf"), 0.0, tile_max)
     tile_sum = tl.sum(tl.where(valid[None, :], tl.exp(logits - safe[:, None]), 0.0), 1)
-    row_ok = rows < M
     at = (shard * n_tiles + pid_n) * M + rows
     tl.store(sm_ptr + at, tile_max, mask=row_ok)
     tl.store(sl_ptr + at, tile_sum, mask=row_ok)
@@ -121,23 +124,22 @@ def _merge_kernel(shm_ptr, shl_ptr, tl_ptr, out_ptr, M, SHARDS: tl.constexpr, BL
 def shard_summaries(h, lm_shards, targets, buffers, *, shard0: int, vocab: int, temperature: float = 1.0):
     """Fill ``buffers`` (see :func:`new_buffers`) for shards shard0 .. shard0+S-1 of ``lm_shards`` [S, K, W]."""
     import torch
+    from rlk_kernels.gpu.triton_gemm import shard_matmul
 
     sm, sl, tgt_logit = buffers
-    rows, inner = h.shape
+    rows, _ = h.shape
     local, _, width = lm_shards.shape
     if rows == 0:
         return
-    h = h.to(torch.bfloat16)
-    w = lm_shards.to(torch.bfloat16)
+    # bf16 operands, the logits in the rows' dtype (bf16 in the GPU passes, as production's LM head writes them)
+    logits = shard_matmul(h.to(torch.bfloat16), lm_shards.to(torch.bfloat16), out_dtype=h.dtype)   # [S, M, W]
     tgt = targets.to(torch.int32).contiguous()
-    bm, bn, bk, warps, stages = SMALL if rows <= SMALL_ROWS else LARGE
-    assert bn == BN, "the vocabulary tile is the summary granularity: fixed"
+    bm, warps = SUMMARY
     n_tiles = -(-width // BN)
     grid = ((-(-rows // bm)) * n_tiles, local)
-    _tiles_kernel[grid](h, w, tgt, sm, sl, tgt_logit, rows, inner, width, shard0, vocab, n_tiles,
-                        1.0 / temperature, h.stride(0), h.stride(1), w.stride(0), w.stride(1), w.stride(2),
-                        BM=bm, BN=bn, BK=bk, GROUP=8, SCALE=temperature != 1.0, INTERP=interpreting(),
-                        num_warps=warps, num_stages=stages, enable_fp_fusion=False)
+    _summary_kernel[grid](logits, tgt, sm, sl, tgt_logit, rows, width, shard0, vocab, n_tiles, 1.0 / temperature,
+                          logits.stride(0), logits.stride(1), logits.stride(2),
+                          BM=bm, BN=BN, SCALE=temperature != 1.0, num_warps=warps, enable_fp_fusion=False)
 
 
 def new_buffers(rows: int, canonical: int, width: int, device):
