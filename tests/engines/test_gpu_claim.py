@@ -5,7 +5,9 @@ verdict, and the pair of each seed is a controlled comparison.
 
 - ``gpu-strict-tax``: gpu-native against gpu-consistency (canonical width 8): not supported (step time 1.244);
 - ``gpu-strict-tax-w1``: gpu-native-w1 against gpu-consistency-w1 (canonical width 1, the TP1-only contract):
-  inconclusive (step time 1.102, its 95 % interval contains the bound 1.10)."""
+  inconclusive (step time 1.102, its 95 % interval contains the bound 1.10);
+- ``gpu-strict-tax-w1-logits``: the same arms, the strict log-prob from the LM head's bf16 logits:
+  inconclusive (step time 1.151 [1.099, 1.212])."""
 
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ from conftest import run_kit
 from kit.model.documents import read_json_file
 
 REPO = Path(__file__).resolve().parents[2]
-FINGERPRINT = "9fd8fc0ad901e66cd64d2902dd559dd503e3ad54bf9ff2f2426d45d86b7ccd93"   # the qwen3-8b oracle on the runs' GPU
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Claim:
     runs: str                      # under tests/data
     verdict: str
     step_time: str                 # the step-time criterion's verdict
+    fingerprint: str               # the qwen3-8b oracle's, as the runs' GPU computed it (the kernels' revision)
 
     @property
     def sealed(self) -> Path:
@@ -39,8 +41,11 @@ class Claim:
         return REPO / "docs" / "reports" / self.name
 
 
-CLAIMS = [Claim("gpu-strict-tax", "gpu-claim", "not supported", "not supported"),
-          Claim("gpu-strict-tax-w1", "gpu-claim-w1", "inconclusive", "inconclusive")]
+GLUE = "9fd8fc0ad901e66cd64d2902dd559dd503e3ad54bf9ff2f2426d45d86b7ccd93"           # the q/k/v glue in one launch
+LOGITS = "59f3ccf6acc2be3f162f431a0cc43e2a436d84bfbbca07faedbbaf4d2bb63331"          # the log-prob from bf16 logits
+CLAIMS = [Claim("gpu-strict-tax", "gpu-claim", "not supported", "not supported", GLUE),
+          Claim("gpu-strict-tax-w1", "gpu-claim-w1", "inconclusive", "inconclusive", GLUE),
+          Claim("gpu-strict-tax-w1-logits", "gpu-claim-w1-logits", "inconclusive", "inconclusive", LOGITS)]
 each_claim = pytest.mark.parametrize("claim", CLAIMS, ids=[c.name for c in CLAIMS])
 
 
@@ -68,7 +73,7 @@ def test_the_runs_were_made_for_the_claim_on_a_hopper_gpu(claim):
         assert manifest["claim"]["sha256"] == claim_sha and manifest["claim"]["name"] == claim.name
         accel = manifest["runtime"]["accelerator"]
         assert re.fullmatch(r"NVIDIA H(100|200).*", accel["device"]["name"])
-        assert accel["conformance"]["fingerprint"] == FINGERPRINT
+        assert accel["conformance"]["fingerprint"] == claim.fingerprint
 
 
 @each_claim
