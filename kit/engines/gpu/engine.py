@@ -7,7 +7,7 @@ cuda --shape qwen3-8b`` gives the same value). Where something cannot be read, i
 Example::
 
     ident = accelerator_identity(gpu_info())
-    ident["device"]["name"], ident["conformance"]["fingerprint"]     # ('NVIDIA H200', '9fd8fc0a…')
+    ident["device"]["name"], ident["conformance"]["fingerprint"]     # ('NVIDIA H100 80GB HBM3', '59f3ccf6…')
 """
 
 from __future__ import annotations
