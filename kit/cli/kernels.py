@@ -29,7 +29,8 @@ def command():
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where the operators run; cuda needs a visible CUDA GPU.")
 @click.option("--shape", type=click.Choice(CHECK_SHAPES), default="smoke", show_default=True,
-              help="Model shapes; qwen3-8b on CPU runs with reduced sequence length and batch (listed in the output).")
+              help="Model shapes; qwen3-8b on CPU runs with reduced sequence length and batch (listed in the output); "
+                   "qwen3-8b-w1 is the contract at canonical width 1 (arms whose only layout is TP1).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rlk-kit/conformance/v1 document instead of the table.")
 def check(device: str, shape: str, as_json: bool):
     """Check that R is byte-identical across layouts, prefill/decode and batch sizes; report P's mismatches.
