@@ -122,3 +122,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_ports(names) -> dict:
+    """A distinct free host port for each name (chosen while all are held, so none repeats: ports
+    picked one at a time can come back equal, and Ray refuses two components on one port)."""
+    held, out = [], {}
+    try:
+        for name in names:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            held.append(s)
+            out[name] = s.getsockname()[1]
+    finally:
+        for s in held:
+            s.close()
+    return out

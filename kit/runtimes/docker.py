@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from kit.model.accelerators import node_sizes
 from kit.model.documents import parse_json_bytes, require_valid
 from kit.model.errors import BadInput, CheckFailed
 from kit.model.holds import hold
-from kit.runtimes.base import JobSpec, RayJobRuntime, free_port, gpu_info, host_info
+from kit.runtimes.base import JobSpec, RayJobRuntime, free_port, free_ports, gpu_info, host_info
 
 CONTAINER_DASHBOARD_PORT = 8265
 RAY_TMP = "/tmp/ray"
@@ -60,21 +59,6 @@ def ray_head_command(ray_bin: str = L.RAY, ports: dict[str, int] | None = None,
     return [ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
             *(f"{flag}={ports[flag]}" for flag in RAY_PORT_FLAGS), "--include-dashboard=true",
             "--disable-usage-stats", f"--temp-dir={RAY_TMP}", *store]
-
-
-def free_ports(flags=RAY_PORT_FLAGS) -> dict[str, int]:
-    """A distinct free host port for each flag (chosen while all are held, so none repeats)."""
-    held, out = [], {}
-    try:
-        for flag in flags:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            held.append(s)
-            out[flag] = s.getsockname()[1]
-    finally:
-        for s in held:
-            s.close()
-    return out
 
 
 class DockerRuntime(RayJobRuntime):
@@ -149,7 +133,7 @@ class DockerRuntime(RayJobRuntime):
             environment={"RAY_USAGE_STATS_ENABLED": "0", "HOME": "/tmp"}, volumes=volumes,
             labels={f"{L.LABEL_PREFIX}.run-id": self.run_id}, **opts)
         if self.host_network:
-            self.ray_ports = free_ports()
+            self.ray_ports = free_ports(RAY_PORT_FLAGS)
             run_kwargs["network_mode"] = HOST_NETWORK
             host_port = self.ray_ports["--dashboard-port"]
         else:

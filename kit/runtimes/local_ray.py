@@ -27,20 +27,24 @@ from kit.adapters.ray import token_auth_requested
 from kit.model.engine_traits import traits
 from kit.model.holds import hold
 from kit.model.errors import BadInput, CheckFailed
-from kit.runtimes.base import free_port
+from kit.runtimes.base import free_ports
 from kit.runtimes.ray import RayRuntime
 from kit.build.probe import identity_differences
 from kit.runtimes.leases import stop_marked
 
 
-def ray_start_command(temp_dir: str, dashboard_port: int, num_cpus: int) -> list[str]:
+HEAD_PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port", "--dashboard-agent-listen-port",
+                   "--metrics-export-port")
+
+
+def ray_start_command(temp_dir: str, ports: dict, num_cpus: int) -> list[str]:
+    """``ports``: a distinct port per flag of :data:`HEAD_PORT_FLAGS` (``free_ports(HEAD_PORT_FLAGS)``)."""
     # The head runs under the kit's own interpreter: Ray's workers inherit it, so they import the
     # same kit and kernels as the driver (a `ray` script found on PATH may belong to another Python).
-    return [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={free_port()}",
+    return [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
             f"--num-cpus={num_cpus}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dashboard_port}", f"--temp-dir={temp_dir}",
-            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-            f"--metrics-export-port={free_port()}", "--disable-usage-stats"]
+            f"--temp-dir={temp_dir}", *(f"{flag}={ports[flag]}" for flag in HEAD_PORT_FLAGS),
+            "--disable-usage-stats"]
 
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -86,8 +90,9 @@ class LocalRayRuntime(RayRuntime):
             raise BadInput(f"--ray-head: arm {arm.name} is a {arm.engine} arm; its engine does not run on the host")
         # short temp dir: Ray's socket paths must stay under 107 bytes
         self.temp_dir = tempfile.mkdtemp(prefix="rlk-ray-", dir="/tmp")
-        self.dashboard_port = free_port()
-        self.start_command = ray_start_command(self.temp_dir, self.dashboard_port, max(2, os.cpu_count() or 2))
+        ports = free_ports(HEAD_PORT_FLAGS)
+        self.dashboard_port = ports["--dashboard-port"]
+        self.start_command = ray_start_command(self.temp_dir, ports, max(2, os.cpu_count() or 2))
         super().__init__(arm=arm, ray_address=f"http://127.0.0.1:{self.dashboard_port}", run_id=run_id,
                          python=sys.executable)
         self.head: subprocess.Popen | None = None

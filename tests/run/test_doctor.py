@@ -290,14 +290,16 @@ def _free_port() -> int:
 def ray_head():
     """`ray start --head --block` in its own process group, which is stopped by its id afterwards."""
     tmp = tempfile.mkdtemp(prefix="rd", dir="/tmp")  # short: Ray's socket paths must stay under 107 bytes
-    dash = _free_port()
+    from kit.runtimes.base import free_ports
+    ports = free_ports(("dash", "client", "agent", "metrics"))       # distinct: Ray refuses a shared port
+    dash = ports["dash"]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tmp, "HOME": tmp}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--port=0", "--num-cpus=1",
          "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={tmp}",
-         f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
-         f"--metrics-export-port={_free_port()}", "--disable-usage-stats"],
+         f"--ray-client-server-port={ports['client']}", f"--dashboard-agent-listen-port={ports['agent']}",
+         f"--metrics-export-port={ports['metrics']}", "--disable-usage-stats"],
         env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{dash}"
     try:

@@ -88,3 +88,14 @@ def test_an_exported_ray_address_that_answers_nothing_does_not_redirect_the_kits
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
     manifest = json.loads((tmp_path / "runs" / "exported-1" / "manifest.json").read_text())
     assert manifest["ray_job"]["submission_id"] == "rlk-exported-1"
+
+
+def test_the_local_head_gets_a_distinct_port_per_component():
+    # ports picked one at a time can come back equal; Ray then refuses the head (two components on one port)
+    from kit.runtimes.base import free_ports
+    from kit.runtimes.local_ray import HEAD_PORT_FLAGS, ray_start_command
+    for _ in range(50):
+        ports = free_ports(HEAD_PORT_FLAGS)
+        assert len(set(ports.values())) == len(HEAD_PORT_FLAGS)
+    argv = ray_start_command("/tmp/x", ports, 2)
+    assert [a for a in argv if a.split("=")[0] in HEAD_PORT_FLAGS] == [f"{f}={ports[f]}" for f in HEAD_PORT_FLAGS]
