@@ -629,7 +629,7 @@ def _print_row(r):
           + (f"  RT/P+ {r['RT/P+'][0]:.3f}  R/RT {r['R/RT'][0]:.3f}" if "RT/P+" in r else ""), flush=True)
 
 
-PROFILE_CASES = {"prefill_4096": (1, 4096, 4096), "decode_b8_kv2048": (8, 1, 2049),
+PROFILE_CASES = {"prefill_4096": (1, 4096, 4096), "decode_b1_kv2048": (1, 1, 2049), "decode_b8_kv2048": (8, 1, 2049),
                  "prefill_8192": (1, 8192, 8192), "decode_b64_kv7168": (64, 1, 7169)}
 
 
@@ -699,6 +699,56 @@ def gemm_candidates(L, configs=None):
                 rows_out.append(row)
                 print("gemm", row, flush=True)
     return rows_out
+
+
+def decode_gemm(L, configs=None, row_counts=(1, 8, 64, 256)):
+    """The strict GEMMs at decode row counts (at most ``SMALL_ROWS``: always the strict kernel) under
+    candidate small launch configurations: the bits against the default's, the time against cuBLAS
+    over the whole matrix (the P+ projection). Only the tile shape, warps and stages vary; a row's
+    chain of K steps is the same in every configuration."""
+    import torch
+    import torch.nn.functional as F
+    from rlk_kernels.gpu import triton_gemm as tg
+    cfg = L.cfg
+    configs = configs or DECODE_GEMM_CANDIDATES
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    default = tg.SMALL
+    rows_out = []
+    gemms = (("qkv", L.r_qkv, L.p_qkv, cfg.hidden, False), ("gate_up", L.r_gu, L.p_gu, cfg.hidden, False),
+             ("o_proj", L.r_o, L.w["wo"], L.nq, True), ("down", L.r_down, L.w["w_down"], L.per, True),
+             ("lm_head", L.r_lm, L.lm, cfg.hidden, False))
+    try:
+        for name, w_r, w_p, inner, tree in gemms:
+            for rows in row_counts:
+                if tree:
+                    xs = torch.randn(cfg.canonical_tp, rows, inner, device="cuda", generator=gen).to(torch.bfloat16)
+                    flat_x = xs.transpose(0, 1).reshape(rows, -1)
+                    fn = (lambda xs=xs, w_r=w_r: tg.shard_matmul_tree(xs, w_r))
+                else:
+                    flat_x = torch.randn(rows, inner, device="cuda", generator=gen).to(torch.bfloat16)
+                    fn = (lambda x=flat_x, w_r=w_r: tg.shard_matmul(x, w_r))
+                tg.SMALL = default
+                reference = fn()
+                for conf in configs:
+                    row = {"gemm": name, "rows": rows, "config": list(conf)}
+                    try:
+                        tg.SMALL = conf
+                        row["same_bits"] = _same(fn(), reference)
+                        calls = {"R": fn, "P+": (lambda x=flat_x, w=w_p: F.linear(x, w))}
+                        res = measure(lambda i: calls[i](), ("R", "P+"), 20, 5)
+                        row.update({k: res[k] for k in ("R_us", "P+_us", "R/P+")})
+                    except Exception as exc:
+                        row["error"] = repr(exc)[:300]
+                    rows_out.append(row)
+                    print("decode gemm", row, flush=True)
+                torch.cuda.empty_cache()
+    finally:
+        tg.SMALL = default
+    return rows_out
+
+
+DECODE_GEMM_CANDIDATES = ((64, 64, 128, 4, 4), (64, 32, 128, 4, 4), (64, 32, 256, 4, 3), (64, 16, 256, 4, 4),
+                          (64, 16, 128, 4, 8), (64, 32, 128, 4, 6), (64, 128, 64, 4, 4), (64, 64, 64, 4, 6))
 
 
 GEMM_CANDIDATES = ((128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 8, 5), (128, 256, 64, 8, 3),
@@ -799,7 +849,7 @@ def main(argv=None):
     ap.add_argument("--no-split-sizes", action="store_true",
                     help="sweep without the other canonical split sizes (they change the bits; timing only)")
     ap.add_argument("--sections", default="invariance,throughput,profile,check",
-                    help="comma list of: invariance, sweep, gemm, throughput, profile, check")
+                    help="comma list of: invariance, sweep, gemm, decode_gemm, throughput, profile, check")
     ap.add_argument("--markdown", action="store_true", help="print the tables of the existing --out document and stop")
     ap.add_argument("--profile-cases", default=",".join(PROFILE_CASES), help="comma list of " + ", ".join(PROFILE_CASES))
     args = ap.parse_args(argv)
@@ -850,6 +900,8 @@ def main(argv=None):
             section("sweep", lambda: sweep(L, split_sizes=not args.no_split_sizes))
         if "gemm" in wanted:
             section("gemm_candidates", lambda: gemm_candidates(L))
+        if "decode_gemm" in wanted:
+            section("decode_gemm", lambda: decode_gemm(L))
         if "throughput" in wanted:
             section("throughput", lambda: throughput(L, quick=args.quick, trials=args.trials))
         if "profile" in wanted:
