@@ -701,7 +701,7 @@ def gemm_candidates(L, configs=None):
     return rows_out
 
 
-def decode_gemm(L, configs=None, row_counts=(1, 8, 64, 256)):
+def decode_gemm(L, configs=None, row_counts=(1, 8, 64, 128, 256)):
     """The strict GEMMs at decode row counts (at most ``SMALL_ROWS``: always the strict kernel) under
     candidate small launch configurations: the bits against the default's, the time against cuBLAS
     over the whole matrix (the P+ projection). Only the tile shape, warps and stages vary; a row's
@@ -712,7 +712,7 @@ def decode_gemm(L, configs=None, row_counts=(1, 8, 64, 256)):
     cfg = L.cfg
     configs = configs or DECODE_GEMM_CANDIDATES
     gen = torch.Generator(device="cuda").manual_seed(6)
-    default = tg.SMALL
+    default = tg.SMALL, tg.SMALL_NARROW
     rows_out = []
     gemms = (("qkv", L.r_qkv, L.p_qkv, cfg.hidden, False), ("gate_up", L.r_gu, L.p_gu, cfg.hidden, False),
              ("o_proj", L.r_o, L.w["wo"], L.nq, True), ("down", L.r_down, L.w["w_down"], L.per, True),
@@ -727,12 +727,12 @@ def decode_gemm(L, configs=None, row_counts=(1, 8, 64, 256)):
                 else:
                     flat_x = torch.randn(rows, inner, device="cuda", generator=gen).to(torch.bfloat16)
                     fn = (lambda x=flat_x, w_r=w_r: tg.shard_matmul(x, w_r))
-                tg.SMALL = default
+                tg.SMALL, tg.SMALL_NARROW = default
                 reference = fn()
                 for conf in configs:
                     row = {"gemm": name, "rows": rows, "config": list(conf)}
                     try:
-                        tg.SMALL = conf
+                        tg.SMALL = tg.SMALL_NARROW = conf
                         row["same_bits"] = _same(fn(), reference)
                         calls = {"R": fn, "P+": (lambda x=flat_x, w=w_p: F.linear(x, w))}
                         res = measure(lambda i: calls[i](), ("R", "P+"), 20, 5)
@@ -743,12 +743,12 @@ def decode_gemm(L, configs=None, row_counts=(1, 8, 64, 256)):
                     print("decode gemm", row, flush=True)
                 torch.cuda.empty_cache()
     finally:
-        tg.SMALL = default
+        tg.SMALL, tg.SMALL_NARROW = default
     return rows_out
 
 
-DECODE_GEMM_CANDIDATES = ((64, 64, 128, 4, 4), (64, 32, 128, 4, 4), (64, 32, 256, 4, 3), (64, 16, 256, 4, 4),
-                          (64, 16, 128, 4, 8), (64, 32, 128, 4, 6), (64, 128, 64, 4, 4), (64, 64, 64, 4, 6))
+DECODE_GEMM_CANDIDATES = ((64, 64, 128, 4, 4), (64, 32, 128, 4, 6), (64, 32, 128, 4, 8), (64, 128, 64, 4, 4),
+                          (64, 128, 64, 4, 5), (64, 256, 64, 4, 3), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3))
 
 
 GEMM_CANDIDATES = ((128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 8, 5), (128, 256, 64, 8, 3),

@@ -110,6 +110,18 @@ def strict_linear_reduce(group, partials_by_rank: dict):
     return pr.tree_reduce(shards)
 
 
+def residual_add(h, out):
+    """``h + out.to(h.dtype)``: a module's output added to the residual stream. On the GPU, where a
+    strict row-parallel product left fp32 and the stream is bf16, one kernel with the bits of those
+    two eager ops (one pass instead of a cast and an add)."""
+    import torch
+    if out.dtype == torch.float32 and h.dtype in (torch.bfloat16, torch.float16) and out.shape == h.shape \
+            and _gpu(h):
+        from rlk_kernels.gpu.triton_gemm import tree_reduce_shards
+        return tree_reduce_shards(out.unsqueeze(0), residual=h)
+    return h + out.to(h.dtype)
+
+
 def strict_attention(q, k, v, q_pos, *, block: int = ATTENTION_KV_BLOCK, device: str | None = None):
     """Causal attention of queries at global positions over keys in global order, in fixed KV blocks.
 
@@ -399,6 +411,16 @@ def _ring_attention(q, q_pos, kv_by_rank, pos_by_rank, own):
     return out
 
 
+def _positions_tensor(positions, device):
+    """A list of positions as a long tensor on ``device``; a run of consecutive positions is made
+    there (``arange``), not copied from the host (a copy that waits for the GPU's queue to drain)."""
+    import torch
+    positions = list(positions)
+    if positions and positions == list(range(positions[0], positions[0] + len(positions))):
+        return torch.arange(positions[0], positions[0] + len(positions), dtype=torch.long, device=device)
+    return torch.tensor(positions, dtype=torch.long, device=device)
+
+
 def attention_module_train(impl, w, cfg, rope, xs, positions, tp):
     """Training-side attention over a full sequence split across CP ranks.
 
@@ -412,16 +434,21 @@ def attention_module_train(impl, w, cfg, rope, xs, positions, tp):
     cp_group = group_for("cp", cp)
     local_q, local_kv, pos_t = {}, {}, {}
     for c in cp_group.local_ranks():
-        pos_t[c] = torch.tensor(positions[c], dtype=torch.long).unsqueeze(0).expand(batch, -1)
+        pos_t[c] = _positions_tensor(positions[c], xs[c].device).unsqueeze(0).expand(batch, -1)
         q, k, v = _project_heads(impl, w, cfg, rope, xs[c], pos_t[c], tp)
         local_q[c], local_kv[c] = q, (k, v)
     gathered = all_gather(cp_group, local_kv)
     length = sum(len(p) for p in positions)
-    order = torch.tensor([p for c in range(cp) for p in positions[c]])
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(length)
-    k_all = torch.cat([kv[0] for kv in gathered], dim=2)[:, :, inverse]
-    v_all = torch.cat([kv[1] for kv in gathered], dim=2)[:, :, inverse]
+    flat = [p for c in range(cp) for p in positions[c]]
+    if flat == list(range(length)):                # the ranks' keys are already in global order
+        k_all = gathered[0][0] if cp == 1 else torch.cat([kv[0] for kv in gathered], dim=2)
+        v_all = gathered[0][1] if cp == 1 else torch.cat([kv[1] for kv in gathered], dim=2)
+    else:
+        order = _positions_tensor(flat, xs[0].device)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(length, device=order.device)
+        k_all = torch.cat([kv[0] for kv in gathered], dim=2)[:, :, inverse]
+        v_all = torch.cat([kv[1] for kv in gathered], dim=2)[:, :, inverse]
     outs = []
     for c in cp_group.local_ranks():
         q = local_q[c]
@@ -431,7 +458,7 @@ def attention_module_train(impl, w, cfg, rope, xs, positions, tp):
             core = _sdpa(q, k_all, v_all, causal=True)
         else:
             # every CP rank's positions, not only the ranks hosted here (one rank per process)
-            all_pos = [torch.tensor(p, dtype=torch.long).unsqueeze(0).expand(batch, -1) for p in positions]
+            all_pos = [_positions_tensor(p, xs[0].device).unsqueeze(0).expand(batch, -1) for p in positions]
             core = _ring_attention(q, pos_t[c], gathered, all_pos, c)
         rows = core.transpose(1, 2).reshape(-1, cfg.heads, cfg.head_dim)
         outs.append(o_projection(impl, w, cfg, rows, tp).view(batch, -1, cfg.hidden))

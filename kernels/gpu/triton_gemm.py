@@ -37,8 +37,11 @@ import triton.language as tl
 
 from rlk_kernels.gpu.common import interpreting, mma
 
-# (BM, BN, BK, warps, stages): the per-row MMA chain is the same in both (K steps, 64-row warp groups)
+# (BM, BN, BK, warps, stages): the per-row MMA chain is the same in all (K steps, 64-row warp groups)
 SMALL = (64, 64, 128, 4, 4)
+SMALL_NARROW = (64, 32, 128, 4, 6)     # few rows and at most NARROW_COLS columns: twice the programs
+NARROW_COLS = 4096                     # (o_proj and down at width 1: 64 tiles of 64 columns on 132 SMs)
+NARROW_ROWS = 64
 LARGE = (128, 256, 64, 8, 3)
 LARGE_TREE = (128, 128, 64, 8, 3)      # two fp32 accumulators must fit in registers
 LARGE_SWIGLU = (128, 128, 64, 8, 3)    # gate and up accumulators: the registers of one 128x256 tile
@@ -48,8 +51,11 @@ FLAT_TREE_CONFIG = (128, 128, 64, 8, 4)
 TREE_BLOCK = 1024                      # elements per program of the small-row shard tree
 
 
-def _config(rows: int, tree: bool = False):
+def _config(rows: int, tree: bool = False, cols: int | None = None):
+    """The launch for ``rows`` rows (and ``cols`` output columns over all shards, when known)."""
     if rows <= SMALL_ROWS:
+        if cols is not None and rows <= NARROW_ROWS and cols <= NARROW_COLS:
+            return SMALL_NARROW
         return SMALL
     return LARGE_TREE if tree else LARGE
 
@@ -263,7 +269,7 @@ def shard_matmul(x, w_shards, out_dtype=None, vendor: bool = True):
     out = torch.empty(shards, rows, cols, dtype=out_dtype, device=x.device)
     if rows == 0:
         return out
-    bm, bn, bk, warps, stages = _config(rows)
+    bm, bn, bk, warps, stages = _config(rows, cols=shards * cols)
     shard_mm[_grid(rows, cols, bm, bn, shards)](
         x, w, out, rows, cols, inner, x.stride(0), x.stride(1), x.stride(2),
         w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), out.stride(2),
@@ -309,13 +315,16 @@ def shard_swiglu(x, w_shards, per: int, out_dtype=None, fused: bool | None = Non
 
 @triton.jit(do_not_specialize=["n"])
 def _tree_kernel(p_ptr, o_ptr, r_ptr, n, SHARDS: tl.constexpr, BLOCK: tl.constexpr, RESIDUAL: tl.constexpr):
-    # the partials [SHARDS, n] (fp32) added in the fixed tree ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)):
+    # the partials [SHARDS, n] (fp32) added in the fixed tree ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)) (one
+    # partial: itself):
     # element-wise, so the same fp32 additions as one torch add per tree level. With RESIDUAL the
     # sum is rounded to the residual's dtype and added to it in fp32, rounded once more: the bits of
     # ``residual + tree.to(residual.dtype)`` in eager torch, in one pass instead of three
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
-    a = tl.load(p_ptr + i, mask=ok, other=0.0) + tl.load(p_ptr + n + i, mask=ok, other=0.0)
+    a = tl.load(p_ptr + i, mask=ok, other=0.0)
+    if SHARDS >= 2:
+        a = a + tl.load(p_ptr + n + i, mask=ok, other=0.0)
     if SHARDS >= 4:
         a = a + (tl.load(p_ptr + 2 * n + i, mask=ok, other=0.0) + tl.load(p_ptr + 3 * n + i, mask=ok, other=0.0))
     if SHARDS == 8:
@@ -332,17 +341,18 @@ def tree_reduce_shards(partials, residual=None):
     """Fixed pairwise tree over dim 0 (1, 2, 4 or 8 fp32 partials): one kernel for the whole tree
     (the same additions as one element-wise add per tree level; a decode step saves 2 launches
     per row-parallel product). ``residual`` (the shape of one partial): returns
-    ``residual + tree.to(residual.dtype)`` with the bits of those eager ops, in the same kernel."""
+    ``residual + tree.to(residual.dtype)`` with the bits of those eager ops, in the same kernel
+    (one pass instead of a cast and an add, also for a single partial)."""
     import torch
 
     shards = partials.shape[0]
-    fused = residual is not None and shards in (2, 4, 8) and partials.dtype == torch.float32 \
+    fused = residual is not None and shards in (1, 2, 4, 8) and partials.dtype == torch.float32 \
         and residual.dtype in (torch.bfloat16, torch.float16) and tuple(residual.shape) == tuple(partials.shape[1:])
     if residual is not None and not fused:
         return residual + tree_reduce_shards(partials).to(residual.dtype)
-    if shards == 1:
+    if shards == 1 and not fused:
         return partials[0]
-    if shards not in (2, 4, 8) or partials.dtype != torch.float32:
+    if not fused and (shards not in (2, 4, 8) or partials.dtype != torch.float32):
         while partials.shape[0] > 1:
             partials = partials[0::2] + partials[1::2]
         return partials[0]

@@ -33,12 +33,13 @@ MERGE_CHUNK = 8               # vocabulary tiles read per load in the merge (doe
 
 
 @triton.jit(do_not_specialize=["M"])
-def _summary_kernel(lg_ptr, tgt_ptr, sm_ptr, sl_ptr, tl_ptr, M, width, shard0, vocab, n_tiles, inv_temp,
+def _summary_kernel(lg_ptr, tgt_ptr, sm_ptr, sl_ptr, tl_ptr, M, width, shard0, vocab, n_tiles, grid_tiles, inv_temp,
                     sls, slm, sln, BM: tl.constexpr, BN: tl.constexpr, SCALE: tl.constexpr):
-    # one program per (row block, vocabulary tile) of one shard; tiles of a row block are neighbours in
-    # the launch order, so the logits rows stream through once
-    pid_m = tl.program_id(0) // n_tiles
-    pid_n = tl.program_id(0) % n_tiles
+    # one program per (row block, vocabulary tile) of one shard, over the first ``grid_tiles`` tiles (those
+    # the fold reads); tiles of a row block are neighbours in the launch order, so the logits rows stream
+    # through once
+    pid_m = tl.program_id(0) // grid_tiles
+    pid_n = tl.program_id(0) % grid_tiles
     local = tl.program_id(1)
     shard = shard0 + local
     rows = pid_m * BM + tl.arange(0, BM)
@@ -75,20 +76,25 @@ def _fold(sm, sl, tm, ts):
 
 
 @triton.jit(do_not_specialize=["M"])
-def _shard_kernel(sm_ptr, sl_ptr, shm_ptr, shl_ptr, M, n_tiles, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+def _shard_kernel(sm_ptr, sl_ptr, shm_ptr, shl_ptr, M, n_tiles, width, vocab, BN: tl.constexpr, BLOCK: tl.constexpr,
+                  CHUNK: tl.constexpr):
     # one program per (row block, shard): the shards' folds are independent, so they run side by
     # side (decode has a handful of rows; one program walking all 8 x 149 tiles was latency-bound).
-    # Tiles are read CHUNK at a time and folded one by one in tile order.
+    # Tiles are read CHUNK at a time and folded one by one in tile order. Only the shard's tiles with
+    # a token below ``vocab`` are folded: a tile of padding only is (-inf, 0), whose fold is exactly a
+    # no-op, so leaving the trailing ones out changes no bit (and their summaries need not exist).
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     s = tl.program_id(1)
     ok = rows < M
     js = tl.arange(0, CHUNK)
     sm = tl.full((BLOCK,), float("-inf"), tl.float32)
     sl = tl.zeros((BLOCK,), tl.float32)
-    for c in range(0, n_tiles, CHUNK):
+    valid = tl.minimum(tl.maximum(vocab - s * width, 0), n_tiles * BN)
+    n_live = (valid + BN - 1) // BN
+    for c in range(0, n_live, CHUNK):
         t = c + js
         at = (s * n_tiles + t[None, :]) * M + rows[:, None]
-        live = ok[:, None] & (t[None, :] < n_tiles)
+        live = ok[:, None] & (t[None, :] < n_live)
         tms = tl.load(sm_ptr + at, mask=live, other=float("-inf"))
         tss = tl.load(sl_ptr + at, mask=live, other=0.0)
         for j in tl.static_range(CHUNK):
@@ -96,7 +102,7 @@ def _shard_kernel(sm_ptr, sl_ptr, shm_ptr, shl_ptr, M, n_tiles, BLOCK: tl.conste
             tm = tl.max(tl.where(pick, tms, float("-inf")), 1)         # column j, exactly
             ts = tl.sum(tl.where(pick, tss, 0.0), 1)                   # x + zeros: exactly x
             new_m, new_l = _fold(sm, sl, tm, ts)
-            inside = c + j < n_tiles
+            inside = c + j < n_live
             sm = tl.where(inside, new_m, sm)
             sl = tl.where(inside, new_l, sl)
     sm = tl.where(sm == float("-inf"), 0.0, sm)           # the reference's safe max of an all-padding shard
@@ -136,10 +142,20 @@ def shard_summaries(h, lm_shards, targets, buffers, *, shard0: int, vocab: int, 
     tgt = targets.to(torch.int32).contiguous()
     bm, warps = SUMMARY
     n_tiles = -(-width // BN)
-    grid = ((-(-rows // bm)) * n_tiles, local)
-    _summary_kernel[grid](logits, tgt, sm, sl, tgt_logit, rows, width, shard0, vocab, n_tiles, 1.0 / temperature,
+    live = live_tiles(shard0, width, vocab)                  # the first shard has the most
+    if live == 0:
+        return
+    grid = ((-(-rows // bm)) * live, local)
+    _summary_kernel[grid](logits, tgt, sm, sl, tgt_logit, rows, width, shard0, vocab, n_tiles, live, 1.0 / temperature,
                           logits.stride(0), logits.stride(1), logits.stride(2),
                           BM=bm, BN=BN, SCALE=temperature != 1.0, num_warps=warps, enable_fp_fusion=False)
+
+
+def live_tiles(shard: int, width: int, vocab: int) -> int:
+    """Tiles of ``shard`` (``width`` columns from token ``shard * width``) holding a token below ``vocab``:
+    the ones the fold reads (the kernel's rule, :func:`_shard_kernel`)."""
+    valid = min(max(vocab - shard * width, 0), -(-width // BN) * BN)
+    return -(-valid // BN)
 
 
 def new_buffers(rows: int, canonical: int, width: int, device):
@@ -158,7 +174,7 @@ def merge_rows(rows: int, canonical: int) -> int:
     return block
 
 
-def merge(buffers, rows: int, canonical: int, width: int):
+def merge(buffers, rows: int, canonical: int, width: int, vocab: int):
     import torch
     sm, sl, tgt_logit = buffers
     out = torch.empty(rows, dtype=torch.float32, device=sm.device)
@@ -167,8 +183,8 @@ def merge(buffers, rows: int, canonical: int, width: int):
         shard_sum = torch.empty_like(shard_max)
         block = merge_rows(rows, canonical)
         blocks = -(-rows // block)
-        _shard_kernel[(blocks, canonical)](sm, sl, shard_max, shard_sum, rows, -(-width // BN),
-                                           BLOCK=block, CHUNK=MERGE_CHUNK, num_warps=4, enable_fp_fusion=False)
+        _shard_kernel[(blocks, canonical)](sm, sl, shard_max, shard_sum, rows, -(-width // BN), width, vocab,
+                                           BN=BN, BLOCK=block, CHUNK=MERGE_CHUNK, num_warps=4, enable_fp_fusion=False)
         _merge_kernel[(blocks,)](shard_max, shard_sum, tgt_logit, out, rows, SHARDS=canonical, BLOCK=block,
                                  num_warps=4, enable_fp_fusion=False)
     return out
@@ -186,4 +202,4 @@ def logp(h, lm_shards, targets, *, vocab: int, temperature: float = 1.0, ranks=N
     for shards in ranks or [range(canonical)]:
         shard_summaries(h, lm_shards[shards.start:shards.stop], targets, buffers, shard0=shards.start,
                         vocab=vocab, temperature=temperature)
-    return merge(buffers, rows, canonical, width)
+    return merge(buffers, rows, canonical, width, vocab)

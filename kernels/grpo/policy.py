@@ -59,8 +59,8 @@ def layers_forward(weights, cfg, rope, h, impls, layer_ws=None):
     for index in range(cfg.layers):
         w = layer_ws[index] if layer_ws is not None else ops.layer_weights(weights, cfg, index, strict=False)
         attn = ops.attention_module_train(impls["attention"], w, cfg, rope, [h], positions, 1)[0]
-        h = h + attn.to(h.dtype)
-        h = h + ops.ffn_module(impls["ffn"], w, cfg, h.reshape(-1, cfg.hidden), 1).view_as(h).to(h.dtype)
+        h = ops.residual_add(h, attn)
+        h = ops.residual_add(h, ops.ffn_module(impls["ffn"], w, cfg, h.reshape(-1, cfg.hidden), 1).view_as(h))
     return h
 
 
@@ -203,9 +203,9 @@ class RolloutEngine:
         cfg = self.cfg
         for index in range(cfg.layers):
             w = self.layer_ws[index]
-            h = h + ops.attention_module_cached(self.impls["attention"], w, cfg, self.rope, h, pos, 1, caches[index],
-                                                phase=phase, keys=keys).to(h.dtype)
-            h = h + ops.ffn_module(self.impls["ffn"], w, cfg, h.reshape(-1, cfg.hidden), 1).view_as(h).to(h.dtype)
+            h = ops.residual_add(h, ops.attention_module_cached(self.impls["attention"], w, cfg, self.rope, h, pos, 1,
+                                                                caches[index], phase=phase, keys=keys))
+            h = ops.residual_add(h, ops.ffn_module(self.impls["ffn"], w, cfg, h.reshape(-1, cfg.hidden), 1).view_as(h))
         return h
 
     def _sample(self, last, generator, normed=None):

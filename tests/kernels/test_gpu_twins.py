@@ -96,6 +96,29 @@ def test_tree_with_residual_is_the_residual_plus_the_rounded_tree(shards):
     torch.testing.assert_close(out.float(), ref.float(), atol=0.05, rtol=2 ** -6)
 
 
+def test_residual_add_fuses_the_cast_and_add_of_a_strict_fp32_output(monkeypatch):
+    monkeypatch.setenv("RLK_TRITON_ON_CPU", "1")                   # the GPU path, interpreted
+    calls = []
+    real = triton_gemm.tree_reduce_shards
+    monkeypatch.setattr(triton_gemm, "tree_reduce_shards", lambda *a, **k: calls.append(a) or real(*a, **k))
+    gen = torch.Generator().manual_seed(12)
+    h, out = torch.randn(2, 3, 300, generator=gen).to(torch.bfloat16), torch.randn(2, 3, 300, generator=gen)
+    got = ops.residual_add(h, out)
+    assert len(calls) == 1 and got.dtype == torch.bfloat16 and got.shape == h.shape
+    torch.testing.assert_close(got.float(), (h + out.to(torch.bfloat16)).float(), atol=0.05, rtol=2 ** -6)
+    # a bf16 output (production's) is the plain add
+    assert torch.equal(ops.residual_add(h, out.to(torch.bfloat16)), h + out.to(torch.bfloat16)) and len(calls) == 1
+
+
+def test_few_rows_over_few_columns_take_the_narrow_tiles():
+    # o_proj and down at width 1 (4096 columns): 32-wide tiles, twice the programs; the per-row chain
+    # of K steps is the same in every launch (the GPU benchmark's decode_gemm section checks the bytes)
+    assert triton_gemm._config(8, cols=4096) == triton_gemm.SMALL_NARROW
+    assert triton_gemm._config(8, cols=6144) == triton_gemm._config(65, cols=4096) == triton_gemm.SMALL
+    assert triton_gemm._config(300, cols=4096) == triton_gemm.LARGE
+    assert {c[2] for c in (triton_gemm.SMALL, triton_gemm.SMALL_NARROW)} == {128}    # the same K step
+
+
 def test_tree_refuses_non_power_of_two():
     with pytest.raises(ValueError, match="1, 2, 4 or 8"):
         triton_gemm.shard_matmul_tree(torch.randn(3, 4, 16), torch.randn(3, 16, 8))
@@ -192,6 +215,30 @@ def test_logp_merge_reads_tiles_in_chunks_without_changing_bits(monkeypatch):
     assert torch.equal(triton_logp.logp(h, lm, targets, vocab=canonical * width - 50), chunked)
     torch.testing.assert_close(chunked, ops.strict_logp(h, lm, targets, vocab=canonical * width - 50),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_logp_fold_leaves_out_padding_tiles_without_changing_bits():
+    # a tile of padding only is summarised as (-inf, 0) and folding it is exactly a no-op, so the fold
+    # stops at a shard's last tile holding a real token: the same bits as folding every tile
+    gen = torch.Generator().manual_seed(9)
+    rows, canonical, n_tiles = 6, 2, 5
+    width = triton_logp.BN * n_tiles
+    sm = torch.randn(canonical, n_tiles, rows, generator=gen) * 4
+    sl = torch.rand(canonical, n_tiles, rows, generator=gen) * 100
+    live = 2                                                          # shard 0: tiles 0-1; shard 1: none
+    sm[0, live:], sl[0, live:], sm[1], sl[1] = float("-inf"), 0.0, float("-inf"), 0.0
+    vocab = triton_logp.BN * live - 3
+    assert [triton_logp.live_tiles(s, width, vocab) for s in range(canonical)] == [live, 0]
+
+    def fold(v):
+        out = torch.empty(canonical * rows), torch.empty(canonical * rows)
+        triton_logp._shard_kernel[(1, canonical)](sm.reshape(-1), sl.reshape(-1), *out, rows, n_tiles, width, v,
+                                                  BN=triton_logp.BN, BLOCK=16, CHUNK=4)
+        return out
+
+    stopped, every_tile = fold(vocab), fold(canonical * width)
+    assert all(torch.equal(a, b) for a, b in zip(stopped, every_tile))
+    assert torch.equal(stopped[0][rows:], torch.zeros(rows))         # the all-padding shard's safe max
 
 
 def test_logp_shard_of_padding_only_merges_like_the_reference():
