@@ -301,7 +301,7 @@ def invariance_at_scale(L):
     full_tree = triton_gemm.shard_matmul_tree(act, L.r_down)
     full_logp = triton_logp.logp(x, L.r_lm, targets, vocab=cfg.vocab)
     ok = {"gemm_columns": True, "gemm_tree": True, "logp": True}
-    for rows in (1, 3, 17, 64, 65, 256, 257, 1000, 4096):
+    for rows in (1, 3, 17, 64, 65, 128, 129, 200, 256, 257, 1000, 4096):
         ok["gemm_columns"] &= _same(triton_gemm.shard_matmul(x[:rows], L.r_gu), full_col[:, :rows])
         ok["gemm_tree"] &= _same(triton_gemm.shard_matmul_tree(act[:, :rows], L.r_down), full_tree[:rows])
         ok["logp"] &= _same(triton_logp.logp(x[:rows], L.r_lm, targets[:rows], vocab=cfg.vocab), full_logp[:rows])

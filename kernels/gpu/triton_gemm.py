@@ -39,7 +39,11 @@ from rlk_kernels.gpu.common import interpreting, mma
 
 # (BM, BN, BK, warps, stages): the per-row MMA chain is the same in all (K steps, 64-row warp groups)
 SMALL = (64, 64, 128, 4, 4)
-SMALL_NARROW = (64, 32, 128, 4, 6)     # few rows and at most NARROW_COLS columns: twice the programs
+# decode-size launches by rows and columns (over all shards): the H100 sweep of round 9
+# (benchmarks/gpu_strict_kernels.py --sections decode_gemm), every one bit-identical to SMALL
+SMALL_NARROW = (64, 32, 128, 4, 6)     # <= 64 rows, <= NARROW_COLS columns: twice the programs
+MID_NARROW = (64, 128, 64, 4, 5)       # 129-256 rows, <= NARROW_COLS columns
+MID_WIDE = (128, 128, 64, 8, 3)        # 65-256 rows, more columns (qkv, gate/up, the LM head)
 NARROW_COLS = 4096                     # (o_proj and down at width 1: 64 tiles of 64 columns on 132 SMs)
 NARROW_ROWS = 64
 LARGE = (128, 256, 64, 8, 3)
@@ -53,11 +57,16 @@ TREE_BLOCK = 1024                      # elements per program of the small-row s
 
 def _config(rows: int, tree: bool = False, cols: int | None = None):
     """The launch for ``rows`` rows (and ``cols`` output columns over all shards, when known)."""
-    if rows <= SMALL_ROWS:
-        if cols is not None and rows <= NARROW_ROWS and cols <= NARROW_COLS:
-            return SMALL_NARROW
+    if rows > SMALL_ROWS:
+        return LARGE_TREE if tree else LARGE
+    if cols is None:
         return SMALL
-    return LARGE_TREE if tree else LARGE
+    narrow = cols <= NARROW_COLS
+    if rows <= NARROW_ROWS:
+        return SMALL_NARROW if narrow else SMALL
+    if narrow:
+        return SMALL if rows <= 2 * NARROW_ROWS else MID_NARROW
+    return MID_WIDE
 
 
 @triton.jit

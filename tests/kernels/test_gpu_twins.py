@@ -115,8 +115,24 @@ def test_few_rows_over_few_columns_take_the_narrow_tiles():
     # of K steps is the same in every launch (the GPU benchmark's decode_gemm section checks the bytes)
     assert triton_gemm._config(8, cols=4096) == triton_gemm.SMALL_NARROW
     assert triton_gemm._config(8, cols=6144) == triton_gemm._config(65, cols=4096) == triton_gemm.SMALL
+    assert triton_gemm._config(200, cols=4096) == triton_gemm.MID_NARROW
+    assert triton_gemm._config(65, cols=6144) == triton_gemm._config(256, cols=24576) == triton_gemm.MID_WIDE
     assert triton_gemm._config(300, cols=4096) == triton_gemm.LARGE
-    assert {c[2] for c in (triton_gemm.SMALL, triton_gemm.SMALL_NARROW)} == {128}    # the same K step
+
+
+@pytest.mark.parametrize("rows,cols", [(8, 64), (8, 96), (70, 64), (140, 64), (70, 96)])
+def test_every_decode_launch_gives_the_same_bits(monkeypatch, rows, cols):
+    # each row-and-column class against the small launch's tile. The interpreter sums a BK-wide dot in
+    # one numpy product, so it compares launches of the same BK (on the GPU every BK is the same chain
+    # of k16 MMA steps: the benchmark's decode_gemm section checks those bytes)
+    monkeypatch.setattr(triton_gemm, "NARROW_COLS", 64)
+    gen = torch.Generator().manual_seed(rows + cols)
+    x, w = bf(torch.randn(rows, 256, generator=gen)), bf(torch.randn(1, 256, cols, generator=gen))
+    chosen = triton_gemm._config(rows, cols=cols)
+    out = triton_gemm.shard_matmul(x, w, out_dtype=torch.float32)
+    bm, bn, _, warps, stages = triton_gemm.SMALL
+    monkeypatch.setattr(triton_gemm, "_config", lambda *a, **k: (bm, bn, chosen[2], warps, stages))
+    assert torch.equal(out, triton_gemm.shard_matmul(x, w, out_dtype=torch.float32))
 
 
 def test_tree_refuses_non_power_of_two():
