@@ -17,8 +17,10 @@ One run writes one JSON document with:
    a 95 % bootstrap CI over rounds; GPU clocks are read before and after;
 3. a torch-profiler breakdown of one R and one P+ layer (prefill 8192, decode batch 64 / 7168 KV);
 4. the conformance oracle ``run_check(device="cuda", shape="qwen3-8b")`` in a fresh process with an
-   empty Triton cache (the cold check), its time and fingerprint: speed and bits of the same build;
-5. with ``--sweep``, the launch-configuration sweep of round 3.
+   empty Triton cache (the cold check), its time and fingerprint: speed and bits of the same build
+   (it runs first, before this process holds any of the card's memory);
+5. with ``--sweep``, the launch-configuration sweep of round 3; with ``--sections decode_gemm``, the
+   strict GEMMs at decode row counts under candidate launches against cuBLAS.
 
 Usage (the package need not be installed; ``kernels/`` is registered as ``rlk_kernels``)::
 
@@ -889,6 +891,17 @@ def main(argv=None):
     wanted = set(args.sections.split(",")) | ({"sweep"} if args.sweep else set())
     if args.skip_check or args.fingerprint_only:
         wanted.discard("check")
+    if args.fingerprint_only:
+        from rlk_kernels.conformance import conformance_fingerprint
+        section("fingerprint", lambda: conformance_fingerprint(device="cuda", shape="qwen3-8b"))
+        print(f"fingerprint {doc['fingerprint']} in {doc['fingerprint_s']} s", flush=True)
+    elif "check" in wanted:
+        # a fresh process with an empty Triton cache: the cold check, first, while this process holds no
+        # GPU memory (its compile and check processes need most of an 80 GB card)
+        section("conformance", cold_check)
+        c = doc["conformance"]
+        print(f"conformance: passed {c.get('passed')} in {c.get('process_s')} s cold "
+              f"(fingerprint {c.get('fingerprint')})", flush=True)
     torch.manual_seed(0)
     with torch.no_grad():
         base = ModelConfig.qwen3_8b()
@@ -911,17 +924,6 @@ def main(argv=None):
                         "denominator": "P+ (fair production baseline, benchmarks/fair_baseline.py)",
                         "anchors": {"thinking_machines_batch_invariant": 0.62, "sglang_deterministic": 0.74,
                                     "megatron_batch_invariant": 0.99}}
-        L = None                             # free the layer before the check
-        torch.cuda.empty_cache()
-    if args.fingerprint_only:
-        from rlk_kernels.conformance import conformance_fingerprint
-        section("fingerprint", lambda: conformance_fingerprint(device="cuda", shape="qwen3-8b"))
-        print(f"fingerprint {doc['fingerprint']} in {doc['fingerprint_s']} s", flush=True)
-    elif "check" in wanted:                  # a fresh process with an empty Triton cache: the cold check
-        section("conformance", cold_check)
-        c = doc["conformance"]
-        print(f"conformance: passed {c.get('passed')} in {c.get('process_s')} s cold "
-              f"(fingerprint {c.get('fingerprint')})", flush=True)
     save()
 
 
