@@ -30,6 +30,19 @@ from rlk_kernels.conformance import (INPUT_SEED, MODULES, SCHEMA, CheckShape, Tr
 # relative cost of one decode step per module, from the H200's serial check (attention about 10x)
 MODULE_WEIGHT = {"attention": 10, "ffn": 1, "logp": 1}
 JOBS = 8            # jobs at once: each holds the inputs and its activations on the one GPU (16 OOMed)
+JOB_BYTES = 9 << 30  # a qwen3-8b job's peak (6.3-7.8 GB on an H100) with a margin: fewer jobs at once
+                     # where the card's free memory holds fewer (an 80 GB card next to the parent's inputs)
+
+
+def jobs_at_once(workers: int, device: str) -> int:
+    """Jobs run side by side: at most :data:`JOBS`, the pool's workers, and what the GPU's free memory holds."""
+    import torch
+
+    at_once = min(workers, JOBS)
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        at_once = min(at_once, max(1, free // JOB_BYTES))
+    return at_once
 
 
 def plan(spec: CheckShape, workers: int) -> list[tuple[str, int, list[int]]]:
@@ -85,7 +98,7 @@ def run(spec: CheckShape, device: str, states: list[dict], pool, workers: int, p
     try:
         state_path = os.path.join(folder, "inputs.pt")
         torch.save(states, state_path)
-        at_once = min(workers, JOBS)
+        at_once = jobs_at_once(workers, device)
         jobs = plan(spec, at_once)
         refs_at = {}
         waiting = []

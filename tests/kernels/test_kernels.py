@@ -206,6 +206,17 @@ def test_check_jobs_give_the_serial_checks_fingerprint_and_verdicts(monkeypatch)
                [(r["variant"], r["strict_bytes_equal"], r["elements"]) for r in rows[module]]
 
 
+def test_check_jobs_at_once_fit_the_gpus_free_memory(monkeypatch):
+    import torch
+
+    from rlk_kernels import check_pool
+    assert check_pool.jobs_at_once(15, "cpu") == check_pool.JOBS and check_pool.jobs_at_once(3, "cpu") == 3
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for free_gib, want in ((141, check_pool.JOBS), (50, 5), (4, 1)):     # an H200, an H100 beside the inputs, a full card
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, f=free_gib: (f << 30, 80 << 30))
+        assert check_pool.jobs_at_once(15, "cuda") == want
+
+
 def test_the_width_one_shape_is_the_tp1_contract_and_holds(monkeypatch):
     for device in ("cpu", "cuda"):
         spec = conformance.check_shape("qwen3-8b-w1", device)
