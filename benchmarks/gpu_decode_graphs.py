@@ -47,21 +47,15 @@ def run_side(cfg, impls, weights, moved, prompts, response, sizes, reps):
 
 
 def main(argv=None) -> int:
+    from gpu_strict_kernels import add_rollout_arguments, arm_model
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arm", default="gpu-consistency-w1", help="the arm whose model is built (manifests/ARM.json)")
-    parser.add_argument("--batch", type=int, default=1024, help="sequences per rollout (the arm's 256 x 4)")
-    parser.add_argument("--response", type=int, default=24, help="response tokens")
+    add_rollout_arguments(parser, "gpu-consistency-w1")
     parser.add_argument("--reps", type=int, default=5, help="timed rollouts per engine")
-    parser.add_argument("--out", help="also write the result as JSON")
     args = parser.parse_args(argv)
-    from gpu_strict_kernels import _bootstrap
-    _bootstrap()
+    arm, cfg = arm_model(args.arm)
     import torch
     from rlk_kernels.grpo import policy
     from rlk_kernels.grpo.task import prompt_set
-    from rlk_kernels.model import ModelConfig
-    arm = json.loads((ROOT / "manifests" / f"{args.arm}.json").read_text())
-    cfg = ModelConfig.from_arm_model(arm["model"])
     doc = {"schema": "rlk-kit/bench-decode-graphs/v1", "device": torch.cuda.get_device_name(0), "arm": args.arm,
            "canonical_tp": cfg.canonical_tp, "batch": args.batch, "response": args.response, "reps": args.reps,
            "torch": torch.__version__, "sides": {}}

@@ -53,23 +53,17 @@ def profile_call(name, call, top):
 
 
 def main(argv=None) -> int:
+    from gpu_strict_kernels import add_rollout_arguments, arm_model
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", choices=("rollout", "recompute"), default="rollout",
                         help="the rollout (prefill and decode steps) or the training side's log-prob pass")
-    parser.add_argument("--arm", default="gpu-native-w1", help="the arm under manifests/ whose model is built")
-    parser.add_argument("--batch", type=int, default=1024, help="sequences per rollout (the arm's 256 x 4)")
-    parser.add_argument("--response", type=int, default=24, help="response tokens")
+    add_rollout_arguments(parser, "gpu-native-w1")
     parser.add_argument("--top", type=int, default=12, help="kernels listed per side")
-    parser.add_argument("--out", help="also write the result as JSON")
     args = parser.parse_args(argv)
-    from gpu_strict_kernels import _bootstrap
-    _bootstrap()
+    arm, cfg = arm_model(args.arm)
     import torch
     from rlk_kernels.grpo import policy
     from rlk_kernels.grpo.task import PROMPT_LEN, prompt_set
-    from rlk_kernels.model import ModelConfig
-    arm = json.loads((ROOT / "manifests" / f"{args.arm}.json").read_text())
-    cfg = ModelConfig.from_arm_model(arm["model"])
     doc = {"device": torch.cuda.get_device_name(0), "arm": args.arm, "stage": args.stage, "batch": args.batch,
            "response": args.response, "sides": {}}
     with torch.no_grad(), torch.device("cuda"):

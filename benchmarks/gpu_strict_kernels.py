@@ -55,6 +55,22 @@ def _bootstrap():
     spec.loader.exec_module(module)
 
 
+def add_rollout_arguments(parser, arm: str):
+    """The arguments the rollout benchmarks share (``gpu_decode_graphs.py``, ``gpu_rollout_profile.py``)."""
+    parser.add_argument("--arm", default=arm, help="the arm whose model is built (manifests/ARM.json)")
+    parser.add_argument("--batch", type=int, default=1024, help="sequences per rollout (the arm's 256 x 4)")
+    parser.add_argument("--response", type=int, default=24, help="response tokens")
+    parser.add_argument("--out", help="also write the result as JSON")
+
+
+def arm_model(name: str):
+    """(manifests/NAME.json's document, its model's ModelConfig), with ``kernels/`` registered as ``rlk_kernels``."""
+    _bootstrap()
+    from rlk_kernels.model import ModelConfig
+    arm = json.loads((ROOT / "manifests" / f"{name}.json").read_text())
+    return arm, ModelConfig.from_arm_model(arm["model"])
+
+
 # --- the layer, R and P ------------------------------------------------------------------------------
 
 class Layer:

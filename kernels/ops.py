@@ -236,40 +236,55 @@ def strict_logp(h, lm_shards, targets, *, vocab: int, temperature: float = 1.0, 
 def layer_weights(weights, cfg, index: int, *, strict: bool = True, refill: dict | None = None) -> dict:
     """Layer ``index``'s weights by their short names; with ``strict`` also the strict paths' per-shard
     layouts built once (``qkv_shards``, ``gate_up_shards``) instead of at every call. ``refill``: an
-    earlier result for the same layer whose layouts are refilled in place (a captured CUDA graph keeps
-    reading the same addresses). The layouts are the same tensors the calls would build: the same bits."""
+    earlier result for the same layer whose layouts are refilled in place, each part copied straight
+    into its slice (a captured CUDA graph keeps reading the same addresses). The layouts are the same
+    tensors the calls would build: the same bits."""
     prefix = f"layers.{index}."
     w = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
     if strict:
-        for name, build in (("qkv_shards", _qkv_shard_weights), ("gate_up_shards", _gate_up_shard_weights)):
-            fresh = build(w, cfg)
-            if refill is not None and name in refill and refill[name].shape == fresh.shape:
-                refill[name].copy_(fresh)
-                fresh = refill[name]
-            w[name] = fresh
+        for name, parts in (("qkv_shards", _qkv_parts), ("gate_up_shards", _gate_up_parts)):
+            pieces = parts(w, cfg)
+            old = (refill or {}).get(name)
+            fits = old is not None and old.shape[1:] == (pieces[0].shape[2], sum(p.shape[1] for p in pieces)) \
+                and old.shape[0] == pieces[0].shape[0]
+            w[name] = _shard_layout(pieces, old if fits else None)
     return w
+
+
+def _shard_layout(pieces, out=None):
+    """[C, K, cols]: the pieces [C, n_i, K] side by side over each virtual shard's columns (a transposed
+    view of their concatenation); into ``out``, such a view, in place when given."""
+    import torch
+    if out is None:
+        return torch.cat(pieces, dim=1).transpose(1, 2)
+    rows = out.transpose(1, 2)                   # [C, cols, K], contiguous
+    at = 0
+    for piece in pieces:
+        rows[:, at:at + piece.shape[1]].copy_(piece)
+        at += piece.shape[1]
+    return out
+
+
+def _gate_up_parts(w, cfg):
+    c = cfg.canonical_tp
+    per = cfg.ffn_hidden // c
+    return [w["w_gate"].view(c, per, cfg.hidden), w["w_up"].view(c, per, cfg.hidden)]
 
 
 def _gate_up_shard_weights(w, cfg):
     """[C, K, 2*F/C]: each virtual shard's gate columns, then its up columns."""
-    import torch
-    if "gate_up_shards" in w:
-        return w["gate_up_shards"]
-    c = cfg.canonical_tp
-    per = cfg.ffn_hidden // c
-    return torch.cat([w["w_gate"].view(c, per, cfg.hidden), w["w_up"].view(c, per, cfg.hidden)], dim=1).transpose(1, 2)
+    return w["gate_up_shards"] if "gate_up_shards" in w else _shard_layout(_gate_up_parts(w, cfg))
+
+
+def _qkv_parts(w, cfg):
+    c, d = cfg.canonical_tp, cfg.head_dim
+    return [w["wq"].view(c, cfg.heads // c * d, cfg.hidden), w["wk"].view(c, cfg.query_groups // c * d, cfg.hidden),
+            w["wv"].view(c, cfg.query_groups // c * d, cfg.hidden)]
 
 
 def _qkv_shard_weights(w, cfg):
     """[C, K, cols] with cols = (Hq/C + 2*Hkv/C) * D: q, k, v columns of each virtual shard."""
-    import torch
-    if "qkv_shards" in w:
-        return w["qkv_shards"]
-    c, d = cfg.canonical_tp, cfg.head_dim
-    wq = w["wq"].view(c, cfg.heads // c * d, cfg.hidden)
-    wk = w["wk"].view(c, cfg.query_groups // c * d, cfg.hidden)
-    wv = w["wv"].view(c, cfg.query_groups // c * d, cfg.hidden)
-    return torch.cat([wq, wk, wv], dim=1).transpose(1, 2)
+    return w["qkv_shards"] if "qkv_shards" in w else _shard_layout(_qkv_parts(w, cfg))
 
 
 def _split_qkv(out, cfg, shards: int):
