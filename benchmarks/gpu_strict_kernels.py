@@ -424,6 +424,8 @@ PREFILL_VARIANTS = ((128, 8, 3, False, False, False), (128, 8, 3, True, False, F
                     (128, 8, 3, True, True, True), (128, 8, 4, True, True, True), (128, 8, 2, True, True, True))
 # decode: rows per program of the split merge (64: round 2's, the split kernel's tile) -- bit-neutral
 DECODE_VARIANTS = (64, 16, 4)
+# decode: programs sharing one split's value columns (DV_PARTS) -- bit-neutral
+DV_PARTS_VARIANTS = (2, 4, 8)
 # other canonical splits: these change the strict bits (a different canonical schedule); timed to
 # show what the split size costs and buys (16384: one split, the schedule's upper bound)
 SPLIT_VARIANTS = (256, 512, 16384)
@@ -442,8 +444,9 @@ def sweep(L, split_sizes=True):
     gen = torch.Generator(device="cuda").manual_seed(13)
     res = {"defaults": {"prefill": list(ta.PREFILL), "fast": ta.FAST, "heavy_first": ta.HEAVY_FIRST,
                         "decode": list(ta.DECODE), "combine_rows": ta.COMBINE_ROWS, "tma": ta.TMA, "split": ta.SPLIT,
+                        "dv_parts": ta.DV_PARTS,
                         "logp_summary": list(triton_logp.SUMMARY), "merge_chunk": triton_logp.MERGE_CHUNK},
-           "prefill_attention": [], "decode_attention": [], "split_size": []}
+           "prefill_attention": [], "decode_attention": [], "decode_value_parts": [], "split_size": []}
     length = 8192
     qs = (torch.randn(1, cfg.heads, length, d, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
     ks = torch.randn(1, cfg.query_groups, length, d, device="cuda", generator=gen).to(torch.bfloat16)
@@ -490,6 +493,16 @@ def sweep(L, split_sizes=True):
                 row["error"] = repr(exc)[:300]
             res["decode_attention"].append(row)
             print("sweep decode attention", row, flush=True)
+        for parts in DV_PARTS_VARIANTS:
+            row = {"batch": batch, "kv_cache": ctx, "dv_parts": parts}
+            try:
+                row["same_as_one_part"] = _same(ta.attention(q, kc, vc, qpos, dv_parts=parts), base)
+                row.update(side_by_side(lambda: ta.attention(q, kc, vc, qpos, dv_parts=parts),
+                                        lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True), 20))
+            except Exception as exc:
+                row["error"] = repr(exc)[:300]
+            res["decode_value_parts"].append(row)
+            print("sweep decode value parts", row, flush=True)
     default_split = ta.SPLIT
     for split in SPLIT_VARIANTS if split_sizes else ():
         ta.SPLIT = split

@@ -60,15 +60,21 @@ HEAVY_FIRST = True           # prefill: launch the row tiles with the most keys 
 TMA = False                  # prefill: unmasked blocks through tensor descriptors on Hopper (same bits;
                              # slower on the H200: 1941 against 1778 us at 8192 tokens)
 COMBINE_ROWS = 16            # decode: most rows per program of the split merge (same bits)
+DV_PARTS = 1                 # decode: programs sharing one split's value columns (same bits: each
+                             # recomputes the split's scores and accumulates its columns), for few
+                             # programs (batch 1: 8 KV heads x 2 splits = 16 on 132 SMs); timed by
+                             # the benchmark's sweep (decode_value_parts) before it becomes a default
 
 @triton.jit
-def _block(q, kb, vb, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
+def _block(q, kb, vb, dims, vdims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, INTERP: tl.constexpr,
            TMA: tl.constexpr = False):
     """One key block's online-softmax step. ``MASKED`` False is for a block whose keys every row of
     the tile may see (below every row's position and inside the cache): there the masks select
     every value, so leaving them out gives the same bits with less work. ``TMA``: ``kb``/``vb`` are
-    tensor descriptors (the copy engine loads the same values)."""
+    tensor descriptors (the copy engine loads the same values). ``vdims``: the value columns this
+    program accumulates (all of ``dims``, or one part of them: a column's sum over the keys is the
+    same chain of MMA steps whatever the other columns)."""
     kpos = start + tl.arange(0, BLOCK_N)
     if MASKED:
         kmask = kpos < Lk
@@ -80,7 +86,7 @@ def _block(q, kb, vb, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
         m_new = tl.where(active, tl.maximum(m, tl.max(scores, 1)), m)
         p = tl.where(valid, tl.exp(scores - m_new[:, None]), 0.0)
         alpha = tl.where(active, tl.exp(m - m_new), 1.0)
-        v = tl.load(vb + kpos[:, None] * svn + dims[None, :] * svd, mask=kmask[:, None], other=0.0)
+        v = tl.load(vb + kpos[:, None] * svn + vdims[None, :] * svd, mask=kmask[:, None], other=0.0)
         acc_new = mma(p, v, acc * alpha[:, None], INTERP)
         l = tl.where(active, l * alpha + tl.sum(p, 1), l)
         acc = tl.where(active[:, None], acc_new, acc)
@@ -96,7 +102,7 @@ def _block(q, kb, vb, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
         if TMA:
             v = vb.load([start, 0])
         else:
-            v = tl.load(vb + kpos[:, None] * svn + dims[None, :] * svd)
+            v = tl.load(vb + kpos[:, None] * svn + vdims[None, :] * svd)
         acc = mma(p, v, acc * alpha[:, None], INTERP)
         l = l * alpha + tl.sum(p, 1)
     return m_new, l, acc
@@ -119,7 +125,7 @@ def _prefill_step(q, kb, vb, dims, pos, start, top, Lk, M, L, ACC, m, l, acc, sk
                   MASKED: tl.constexpr, INTERP: tl.constexpr, TMA: tl.constexpr):
     """One key block of the prefill walk; at a split's last block the split's state is merged into
     the running (M, L, ACC) and the next split starts fresh."""
-    m, l, acc = _block(q, kb, vb, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
+    m, l, acc = _block(q, kb, vb, dims, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
                        BLOCK_M, BLOCK_N, MASKED, INTERP, TMA)
     split_first = start - start % SPLIT
     if (start + BLOCK_N == split_first + SPLIT) | (start + BLOCK_N >= top):
@@ -142,7 +148,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
                  sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
                  REP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
                  SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr, FAST: tl.constexpr,
-                 HEAVY_FIRST: tl.constexpr, INTERP: tl.constexpr, TMA: tl.constexpr = False):
+                 HEAVY_FIRST: tl.constexpr, INTERP: tl.constexpr, TMA: tl.constexpr = False,
+                 DV_PARTS: tl.constexpr = 1):
     if PER_SPLIT:                            # grid (row tile, sequence x KV head, split group)
         pid_r = tl.program_id(0)
         bg = tl.program_id(1)
@@ -167,15 +174,20 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
     acc = tl.zeros((BLOCK_M, D), tl.float32)
     if PER_SPLIT:
         # decode: this program's split, every block masked (a decode tile's rows see all but its
-        # last block; unmasked steps did not pay on the H200)
-        s = tl.program_id(2)
+        # last block; unmasked steps did not pay on the H200). With DV_PARTS > 1 the split's value
+        # columns are shared out over DV_PARTS programs: each computes the same scores and softmax
+        # state (the same instructions on the same keys) and accumulates its part of the columns
+        s = tl.program_id(2) // DV_PARTS
+        part = tl.program_id(2) % DV_PARTS
+        vdims = part * (D // DV_PARTS) + tl.arange(0, D // DV_PARTS)
+        acc_part = tl.zeros((BLOCK_M, D // DV_PARTS), tl.float32)
         for start in range(s * SPLIT, tl.minimum(s * SPLIT + SPLIT, top), BLOCK_N):
-            m, l, acc = _block(q, kb, vb, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
-                               BLOCK_M, BLOCK_N, True, INTERP)
+            m, l, acc_part = _block(q, kb, vb, dims, vdims, pos, start, Lk, m, l, acc_part, skn, skd, svn, svd,
+                                    BLOCK_M, BLOCK_N, True, INTERP)
         at = (bg * n_splits + s) * (Lq * REP) + r
-        tl.store(pm_ptr + at, m, mask=row_ok)
+        tl.store(pm_ptr + at, m, mask=row_ok)            # every part holds the same (m, l)
         tl.store(pl_ptr + at, l, mask=row_ok)
-        tl.store(pacc_ptr + at[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+        tl.store(pacc_ptr + at[:, None] * D + vdims[None, :], acc_part, mask=row_ok[:, None])
     else:
         fast_end = 0
         if FAST:                             # keys 0 .. low-1 are seen by every row of the tile
@@ -271,14 +283,15 @@ def _set_scratch_allocator():
 
 def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None, prefill=None, decode=None,
               fast: bool | None = None, heavy_first: bool | None = None, combine_rows: int | None = None,
-              tma: bool | None = None):
+              tma: bool | None = None, dv_parts: int | None = None):
     """Causal attention of ``q`` [B, Hq, Lq, D] (already scaled) at positions ``q_pos`` [B, Lq] over
     ``k``/``v`` [B, Hkv, Lk, D] holding key positions 0..Lk-1. ``per_split`` None: decode launch when
     every sequence's rows fit one decode tile, prefill launch otherwise (both give the same bits).
     Scheduling overrides, none of which changes a bit (the benchmark's sweep): ``prefill`` /
     ``decode`` (BLOCK_M, warps, stages) for :data:`PREFILL` / :data:`DECODE`, ``fast`` for
     :data:`FAST`, ``heavy_first`` for :data:`HEAVY_FIRST`, ``combine_rows`` for :data:`COMBINE_ROWS`,
-    ``tma`` for :data:`TMA` (used where the GPU and the strides allow it)."""
+    ``tma`` for :data:`TMA` (used where the GPU and the strides allow it), ``dv_parts`` for
+    :data:`DV_PARTS` (1, 2, 4 or 8, leaving at least 16 value columns a program)."""
     import torch
 
     batch, heads, lq, dim = q.shape
@@ -306,14 +319,18 @@ def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None, 
                  PER_SPLIT=False, HEAVY_FIRST=HEAVY_FIRST if heavy_first is None else heavy_first,
                  BLOCK_M=bm, num_warps=warps, TMA=use_tma, **consts)
         return out
+    parts = DV_PARTS if dv_parts is None else dv_parts
+    if parts not in (1, 2, 4, 8) or parts > 1 and (dim % parts or dim // parts < 16):
+        raise ValueError(f"dv_parts must be 1, 2, 4 or 8 and leave at least 16 of the {dim} value columns "
+                         f"a program, got {parts}")
     row_tiles = -(-lq * rep // dec_m)
     rows = lq * rep
     pm = torch.empty(batch * hkv * n_splits * rows, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
     pacc = torch.empty(batch * hkv * n_splits * rows, dim, dtype=torch.float32, device=q.device)
-    _launch((row_tiles, batch * hkv, n_splits), dec_stages,
+    _launch((row_tiles, batch * hkv, n_splits * parts), dec_stages,
             q, k, v, pos, out, pm, pl, pacc, lq, lk, hkv, n_splits, row_tiles, *strides,
-            PER_SPLIT=True, HEAVY_FIRST=False, BLOCK_M=dec_m, num_warps=dec_warps, **consts)
+            PER_SPLIT=True, HEAVY_FIRST=False, BLOCK_M=dec_m, num_warps=dec_warps, DV_PARTS=parts, **consts)
     combine_rows = combine_rows or min(COMBINE_ROWS, triton.next_power_of_2(rows))
     _combine_kernel[(-(-rows // combine_rows), batch * hkv)](
         pos, out, pm, pl, pacc, lq, hkv, n_splits, *out.stride(), REP=rep, ROWS=combine_rows, D=dim,

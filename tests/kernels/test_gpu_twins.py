@@ -172,6 +172,27 @@ def test_attention_matches_cpu_and_decode_launch_equals_prefill_launch(short_spl
     torch.testing.assert_close(split[:, :, 0], ref[:, :, p], atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("parts", [2, 4, 8])
+def test_decode_value_columns_shared_out_keep_the_bits(short_splits, parts):
+    # programs sharing one split's value columns: each computes the split's scores and softmax state
+    # with the same instructions and accumulates its columns (per column the same chain over the keys)
+    gen = torch.Generator().manual_seed(20 + parts)
+    b, hq, hkv, length, d = 3, 8, 2, 600, 128                        # 3 splits, the last one partial
+    q = bf(torch.randn(b, hq, 1, d, generator=gen) * d ** -0.5)
+    k, v = bf(torch.randn(b, hkv, length, d, generator=gen)), bf(torch.randn(b, hkv, length, d, generator=gen))
+    pos = torch.tensor([[599], [256], [17]])
+    one = triton_attention.attention(q, k, v, pos, out_dtype=torch.float32, per_split=True)
+    assert torch.equal(triton_attention.attention(q, k, v, pos, out_dtype=torch.float32, per_split=True,
+                                                  dv_parts=parts), one)
+
+
+def test_decode_value_parts_are_checked():
+    q, k = torch.zeros(1, 4, 1, 32), torch.zeros(1, 1, 8, 32)
+    for parts in (3, 4, 16):                                         # 32 columns: at most 2 parts of 16
+        with pytest.raises(ValueError, match="dv_parts must be 1, 2, 4 or 8 and leave at least 16"):
+            triton_attention.attention(q, k, k, torch.tensor([[7]]), per_split=True, dv_parts=parts)
+
+
 def test_scheduling_choices_keep_the_bits_and_decode_equals_prefill(short_splits):
     gen = torch.Generator().manual_seed(9)
     b, hq, hkv, length, d = 1, 8, 2, 600, 128                        # 3 splits, the last one partial
