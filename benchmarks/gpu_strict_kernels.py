@@ -418,10 +418,16 @@ def layer_prefix_cache(L, xs):
 # --- launch-configuration sweep ----------------------------------------------------------------------
 
 # prefill: (BLOCK_M, warps, stages, unmasked interior blocks, heavy tiles first, tensor-descriptor
-# loads) -- all bit-neutral; the first is round 2's schedule
-PREFILL_VARIANTS = ((128, 8, 3, False, False, False), (128, 8, 3, True, False, False),
-                    (128, 8, 3, False, True, False), (128, 8, 3, True, True, False),
-                    (128, 8, 3, True, True, True), (128, 8, 4, True, True, True), (128, 8, 2, True, True, True))
+# loads, splits in an outer loop, accumulator selected in masked blocks) -- all bit-neutral; the
+# first is round 2's schedule, the fourth today's default
+PREFILL_VARIANTS = ((128, 8, 3, False, False, False, False, True), (128, 8, 3, True, False, False, False, True),
+                    (128, 8, 3, False, True, False, False, True), (128, 8, 3, True, True, False, False, True),
+                    (128, 8, 3, True, True, True, False, True), (128, 8, 2, True, True, False, False, True),
+                    (128, 8, 3, True, True, False, True, True), (128, 8, 2, True, True, False, True, True),
+                    (128, 8, 3, True, True, False, False, False), (128, 8, 3, True, True, False, True, False),
+                    (128, 8, 2, True, True, False, True, False), (128, 8, 4, True, True, False, True, False),
+                    (64, 4, 3, True, True, False, True, False))
+PREFILL_LENGTHS = (4096, 8192)
 # decode: rows per program of the split merge (64: round 2's, the split kernel's tile) -- bit-neutral
 DECODE_VARIANTS = (64, 16, 4)
 # decode: programs sharing one split's value columns (DV_PARTS) -- bit-neutral
@@ -429,6 +435,12 @@ DV_PARTS_VARIANTS = (2, 4, 8)
 # other canonical splits: these change the strict bits (a different canonical schedule); timed to
 # show what the split size costs and buys (16384: one split, the schedule's upper bound)
 SPLIT_VARIANTS = (256, 512, 16384)
+
+
+def _registers(ta) -> dict:
+    """Registers and spills of the attention kernel compiled last (what a launch change costs)."""
+    kernel = getattr(ta, "LAST_KERNEL", None)
+    return {"registers": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None)}
 
 
 def sweep(L, split_sizes=True):
@@ -447,32 +459,34 @@ def sweep(L, split_sizes=True):
                         "dv_parts": ta.DV_PARTS,
                         "logp_summary": list(triton_logp.SUMMARY), "merge_chunk": triton_logp.MERGE_CHUNK},
            "prefill_attention": [], "decode_attention": [], "decode_value_parts": [], "split_size": []}
-    length = 8192
-    qs = (torch.randn(1, cfg.heads, length, d, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
-    ks = torch.randn(1, cfg.query_groups, length, d, device="cuda", generator=gen).to(torch.bfloat16)
-    vs = torch.randn(1, cfg.query_groups, length, d, device="cuda", generator=gen).to(torch.bfloat16)
-    pos = torch.arange(length, device="cuda").view(1, -1)
-    ref = ta.attention(qs, ks, vs, pos)
-    probes = (0, 255, 256, 1000, 4095, 8191)
+    for length in PREFILL_LENGTHS:              # the last length's inputs stay for the cases below
+        qs = (torch.randn(1, cfg.heads, length, d, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
+        ks = torch.randn(1, cfg.query_groups, length, d, device="cuda", generator=gen).to(torch.bfloat16)
+        vs = torch.randn(1, cfg.query_groups, length, d, device="cuda", generator=gen).to(torch.bfloat16)
+        pos = torch.arange(length, device="cuda").view(1, -1)
+        ref = ta.attention(qs, ks, vs, pos)
+        probes = tuple(p for p in (0, 255, 256, 1000, 4095, 8191) if p < length)
 
-    def decode_equal(pre_out, **kw):
-        return all(_same(ta.attention(qs[:, :, p:p + 1], ks[:, :, :p + 1], vs[:, :, :p + 1], pos[:, p:p + 1],
-                                      **kw)[:, :, 0], pre_out[:, :, p]) for p in probes)
+        def decode_equal(pre_out, **kw):
+            return all(_same(ta.attention(qs[:, :, p:p + 1], ks[:, :, :p + 1], vs[:, :, :p + 1], pos[:, p:p + 1],
+                                          **kw)[:, :, 0], pre_out[:, :, p]) for p in probes)
 
-    def sdpa_prefill():
-        return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+        def sdpa_prefill():
+            return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
 
-    for pre in PREFILL_VARIANTS:
-        kw = dict(prefill=pre[:3], fast=pre[3], heavy_first=pre[4], tma=pre[5])
-        row = {"config": list(pre)}
-        try:
-            out = ta.attention(qs, ks, vs, pos, **kw)
-            row.update(same_as_default=_same(out, ref), decode_equal=decode_equal(out))
-            row.update(side_by_side(lambda: ta.attention(qs, ks, vs, pos, **kw), sdpa_prefill, 5))
-        except Exception as exc:
-            row["error"] = repr(exc)[:300]
-        res["prefill_attention"].append(row)
-        print("sweep prefill attention", row, flush=True)
+        for pre in PREFILL_VARIANTS:
+            kw = dict(prefill=pre[:3], fast=pre[3], heavy_first=pre[4], tma=pre[5], split_loop=pre[6],
+                      select_acc=pre[7])
+            row = {"tokens": length, "config": list(pre)}
+            try:
+                out = ta.attention(qs, ks, vs, pos, **kw)
+                row.update(same_as_default=_same(out, ref), decode_equal=decode_equal(out))
+                row.update(side_by_side(lambda: ta.attention(qs, ks, vs, pos, **kw), sdpa_prefill, 5))
+                row.update(_registers(ta))
+            except Exception as exc:
+                row["error"] = repr(exc)[:300]
+            res["prefill_attention"].append(row)
+            print("sweep prefill attention", row, flush=True)
     cases = {}
     for ctx in (2048, 7168):
         for batch in (1, 8, 64):

@@ -206,6 +206,10 @@ def test_scheduling_choices_keep_the_bits_and_decode_equals_prefill(short_splits
     assert torch.equal(fast, masked)                                 # unmasked interior blocks, launch order
     copy_engine = triton_attention.attention(q, k, v, pos, out_dtype=torch.float32, prefill=tile, tma=True)
     assert torch.equal(copy_engine, masked)                          # tensor-descriptor loads
+    for loop, select in ((True, True), (True, False), (False, False)):
+        walked = triton_attention.attention(q, k, v, pos, out_dtype=torch.float32, prefill=tile,
+                                            split_loop=loop, select_acc=select)
+        assert torch.equal(walked, masked), (loop, select)           # splits in an outer loop; P.V of P = 0
     # (the interpreter's dot is a NumPy product, so the CPU twin compares launches over the same
     # tile contents; prefill rows against decode steps are compared byte for byte on the GPU)
     for p in (255, 256, 511, 599):
@@ -222,6 +226,9 @@ def test_scheduling_choices_keep_the_bits_and_decode_equals_prefill(short_splits
     masked = triton_attention.attention(*args, out_dtype=torch.float32, per_split=False, prefill=tile, fast=False)
     whole = triton_attention.attention(*args, out_dtype=torch.float32, per_split=False, prefill=tile)
     assert torch.equal(chunk, masked) and torch.equal(chunk, whole)
+    walked = triton_attention.attention(*args, out_dtype=torch.float32, per_split=False, prefill=tile,
+                                        split_loop=True, select_acc=False)
+    assert torch.equal(chunk, walked)
     torch.testing.assert_close(chunk, fast[:, :, [300, 301, 599]], atol=1e-6, rtol=1e-6)
 
 
