@@ -418,20 +418,17 @@ def layer_prefix_cache(L, xs):
 # --- launch-configuration sweep ----------------------------------------------------------------------
 
 # prefill: (BLOCK_M, warps, stages, unmasked interior blocks, heavy tiles first, tensor-descriptor
-# loads, splits in an outer loop, accumulator selected in masked blocks) -- all bit-neutral; the
-# first is round 2's schedule, the fourth today's default
-PREFILL_VARIANTS = ((128, 8, 3, False, False, False, False, True), (128, 8, 3, True, False, False, False, True),
-                    (128, 8, 3, False, True, False, False, True), (128, 8, 3, True, True, False, False, True),
-                    (128, 8, 3, True, True, True, False, True), (128, 8, 2, True, True, False, False, True),
-                    (128, 8, 3, True, True, False, True, True), (128, 8, 2, True, True, False, True, True),
-                    (128, 8, 3, True, True, False, False, False), (128, 8, 3, True, True, False, True, False),
-                    (128, 8, 2, True, True, False, True, False), (128, 8, 4, True, True, False, True, False),
-                    (64, 4, 3, True, True, False, True, False))
+# loads) -- all bit-neutral; the first is round 2's schedule, the fourth today's default
+PREFILL_VARIANTS = ((128, 8, 3, False, False, False), (128, 8, 3, True, False, False),
+                    (128, 8, 3, False, True, False), (128, 8, 3, True, True, False),
+                    (128, 8, 3, True, True, True), (128, 8, 2, True, True, False), (64, 4, 3, True, True, False))
 PREFILL_LENGTHS = (4096, 8192)
+# decode over one split (a GRPO rollout's cache holds tens of keys), with the merge kernel or without
+ONE_SPLIT_CACHES = (48, 512)
 # decode: rows per program of the split merge (64: round 2's, the split kernel's tile) -- bit-neutral
 DECODE_VARIANTS = (64, 16, 4)
 # decode: programs sharing one split's value columns (DV_PARTS) -- bit-neutral
-DV_PARTS_VARIANTS = (2, 4, 8)
+DV_PARTS_VARIANTS = (1, 2, 4, 8)
 # other canonical splits: these change the strict bits (a different canonical schedule); timed to
 # show what the split size costs and buys (16384: one split, the schedule's upper bound)
 SPLIT_VARIANTS = (256, 512, 16384)
@@ -456,9 +453,10 @@ def sweep(L, split_sizes=True):
     gen = torch.Generator(device="cuda").manual_seed(13)
     res = {"defaults": {"prefill": list(ta.PREFILL), "fast": ta.FAST, "heavy_first": ta.HEAVY_FIRST,
                         "decode": list(ta.DECODE), "combine_rows": ta.COMBINE_ROWS, "tma": ta.TMA, "split": ta.SPLIT,
-                        "dv_parts": ta.DV_PARTS,
+                        "dv_parts": ta.DV_PARTS, "dv_few_programs": ta.DV_FEW_PROGRAMS, "one_split": ta.ONE_SPLIT,
                         "logp_summary": list(triton_logp.SUMMARY), "merge_chunk": triton_logp.MERGE_CHUNK},
-           "prefill_attention": [], "decode_attention": [], "decode_value_parts": [], "split_size": []}
+           "prefill_attention": [], "decode_attention": [], "decode_value_parts": [], "decode_one_split": [],
+           "split_size": []}
     for length in PREFILL_LENGTHS:              # the last length's inputs stay for the cases below
         qs = (torch.randn(1, cfg.heads, length, d, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
         ks = torch.randn(1, cfg.query_groups, length, d, device="cuda", generator=gen).to(torch.bfloat16)
@@ -475,8 +473,7 @@ def sweep(L, split_sizes=True):
             return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
 
         for pre in PREFILL_VARIANTS:
-            kw = dict(prefill=pre[:3], fast=pre[3], heavy_first=pre[4], tma=pre[5], split_loop=pre[6],
-                      select_acc=pre[7])
+            kw = dict(prefill=pre[:3], fast=pre[3], heavy_first=pre[4], tma=pre[5])
             row = {"tokens": length, "config": list(pre)}
             try:
                 out = ta.attention(qs, ks, vs, pos, **kw)
@@ -517,6 +514,22 @@ def sweep(L, split_sizes=True):
                 row["error"] = repr(exc)[:300]
             res["decode_value_parts"].append(row)
             print("sweep decode value parts", row, flush=True)
+    for ctx in ONE_SPLIT_CACHES:              # one split: the split kernel writes the output itself
+        for batch in (1, 64, 1024):
+            q = (torch.randn(batch, cfg.heads, 1, d, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
+            kc = torch.randn(batch, cfg.query_groups, ctx, d, device="cuda", generator=gen).to(torch.bfloat16)
+            vc, qpos = torch.randn_like(kc), torch.full((batch, 1), ctx - 1, device="cuda")
+            for one in (False, True):
+                row = {"batch": batch, "kv_cache": ctx, "one_split": one}
+                try:
+                    row["same_as_merge_kernel"] = _same(ta.attention(q, kc, vc, qpos, one_split=one),
+                                                        ta.attention(q, kc, vc, qpos, one_split=False))
+                    row.update(side_by_side(lambda: ta.attention(q, kc, vc, qpos, one_split=one),
+                                            lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True), 20))
+                except Exception as exc:
+                    row["error"] = repr(exc)[:300]
+                res["decode_one_split"].append(row)
+                print("sweep decode one split", row, flush=True)
     default_split = ta.SPLIT
     for split in SPLIT_VARIANTS if split_sizes else ():
         ta.SPLIT = split

@@ -16,7 +16,8 @@ queries of all ``rep`` heads sharing one KV head. Two launches with the same per
   since under the causal mask the last tiles walk the most keys;
 - decode (one row tile per sequence and KV head): one program per split writes the split's
   (m, l, acc) in fp32, and a second kernel merges them in split order with the same merge code
-  (:data:`DECODE`: 64-row tiles, one warp group; the merge takes the real rows only).
+  (:data:`DECODE`: 64-row tiles, one warp group; the merge takes the real rows only). Over one
+  split the split's program runs that merge itself and writes the output (:data:`ONE_SPLIT`).
 
 What a row's bits depend on is the same in both: the score of a (row, key) pair is one 64-row
 warp-group MMA chained over the head dimension in k16 steps, the key blocks (``BLOCK_N``) and the
@@ -59,22 +60,20 @@ FAST = True                  # unmasked steps for blocks every row of the tile s
 HEAVY_FIRST = True           # prefill: launch the row tiles with the most keys first (same bits)
 TMA = False                  # prefill: unmasked blocks through tensor descriptors on Hopper (same bits;
                              # slower on the H200: 1941 against 1778 us at 8192 tokens)
-SPLIT_LOOP = False           # prefill: splits walked by an outer loop, the merged state in scratch
-                             # rows (same bits); timed by the benchmark's sweep before it becomes a default
-SELECT_ACC = True            # prefill: a masked block keeps a row's accumulator by selection where the
-                             # block lies past the row's position. Without it the row adds P.V with P = 0
-                             # to acc * 1: acc + (+-0) is acc for finite values (acc starts at +0, so it is
-                             # never -0); one tile of registers less. Timed by the sweep, bits checked
+ONE_SPLIT = True             # decode over one split (at most SPLIT keys): the split kernel writes the
+                             # output, no partials and no merge launch (same bits; see the kernel)
 COMBINE_ROWS = 16            # decode: most rows per program of the split merge (same bits)
-DV_PARTS = 1                 # decode: programs sharing one split's value columns (same bits: each
-                             # recomputes the split's scores and accumulates its columns), for few
-                             # programs (batch 1: 8 KV heads x 2 splits = 16 on 132 SMs); timed by
-                             # the benchmark's sweep (decode_value_parts) before it becomes a default
+DV_PARTS = 8                 # decode with few split programs: programs sharing one split's value
+DV_FEW_PROGRAMS = 24         # columns (same bits: each recomputes the split's scores and accumulates
+                             # its columns) where at most DV_FEW_PROGRAMS (sequence x KV head x split)
+                             # programs would run. H100 sweep, batch 1: 2k keys (24 programs) 37.2 ->
+                             # 31.8 us with 8 parts; 7k keys (64) 38.8 -> 38.0 with 2, slower with
+                             # more; batch 8 (192) slower with any
 
 @triton.jit
 def _block(q, kb, vb, dims, vdims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, INTERP: tl.constexpr,
-           TMA: tl.constexpr = False, SELECT_ACC: tl.constexpr = True):
+           TMA: tl.constexpr = False):
     """One key block's online-softmax step. ``MASKED`` False is for a block whose keys every row of
     the tile may see (below every row's position and inside the cache): there the masks select
     every value, so leaving them out gives the same bits with less work. ``TMA``: ``kb``/``vb`` are
@@ -95,10 +94,7 @@ def _block(q, kb, vb, dims, vdims, pos, start, Lk, m, l, acc, skn, skd, svn, svd
         v = tl.load(vb + kpos[:, None] * svn + vdims[None, :] * svd, mask=kmask[:, None], other=0.0)
         acc_new = mma(p, v, acc * alpha[:, None], INTERP)
         l = tl.where(active, l * alpha + tl.sum(p, 1), l)
-        if SELECT_ACC:
-            acc = tl.where(active[:, None], acc_new, acc)
-        else:
-            acc = acc_new
+        acc = tl.where(active[:, None], acc_new, acc)
     else:
         if TMA:
             k = kb.load([start, 0])
@@ -131,11 +127,11 @@ def _merge(M, L, ACC, m, l, acc, active):
 @triton.jit
 def _prefill_step(q, kb, vb, dims, pos, start, top, Lk, M, L, ACC, m, l, acc, skn, skd, svn, svd,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
-                  MASKED: tl.constexpr, INTERP: tl.constexpr, TMA: tl.constexpr, SELECT_ACC: tl.constexpr):
+                  MASKED: tl.constexpr, INTERP: tl.constexpr, TMA: tl.constexpr):
     """One key block of the prefill walk; at a split's last block the split's state is merged into
     the running (M, L, ACC) and the next split starts fresh."""
     m, l, acc = _block(q, kb, vb, dims, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
-                       BLOCK_M, BLOCK_N, MASKED, INTERP, TMA, SELECT_ACC)
+                       BLOCK_M, BLOCK_N, MASKED, INTERP, TMA)
     split_first = start - start % SPLIT
     if (start + BLOCK_N == split_first + SPLIT) | (start + BLOCK_N >= top):
         M, L, ACC = _merge(M, L, ACC, m, l, acc, split_first <= pos)
@@ -143,26 +139,6 @@ def _prefill_step(q, kb, vb, dims, pos, start, top, Lk, M, L, ACC, m, l, acc, sk
         l = tl.zeros((BLOCK_M,), tl.float32)
         acc = tl.zeros((BLOCK_M, D), tl.float32)
     return M, L, ACC, m, l, acc
-
-
-@triton.jit
-def _split_walk(q, kb, vb, kd, vd, dims, pos, s0, s1, fast_end, Lk, skn, skd, svn, svd,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, INTERP: tl.constexpr,
-                TMA: tl.constexpr, SELECT_ACC: tl.constexpr):
-    """One split's (m, l, acc) over its blocks ``s0 .. s1-1`` in order, from a fresh state: the
-    blocks below ``fast_end`` unmasked, the rest masked (the prefill walk's steps, without the
-    split-end branch inside the loop)."""
-    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
-    f1 = tl.maximum(tl.minimum(fast_end, s1), s0)
-    for start in range(s0, f1, BLOCK_N):
-        m, l, acc = _block(q, kd, vd, dims, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
-                           BLOCK_M, BLOCK_N, False, INTERP, TMA)
-    for start in range(f1, s1, BLOCK_N):
-        m, l, acc = _block(q, kb, vb, dims, dims, pos, start, Lk, m, l, acc, skn, skd, svn, svd,
-                           BLOCK_M, BLOCK_N, True, INTERP, False, SELECT_ACC)
-    return m, l, acc
 
 
 @triton.jit
@@ -178,7 +154,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
                  REP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
                  SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr, FAST: tl.constexpr,
                  HEAVY_FIRST: tl.constexpr, INTERP: tl.constexpr, TMA: tl.constexpr = False,
-                 DV_PARTS: tl.constexpr = 1, SPLIT_LOOP: tl.constexpr = False, SELECT_ACC: tl.constexpr = True):
+                 DV_PARTS: tl.constexpr = 1, ONE_SPLIT: tl.constexpr = False):
     if PER_SPLIT:                            # grid (row tile, sequence x KV head, split group)
         pid_r = tl.program_id(0)
         bg = tl.program_id(1)
@@ -213,10 +189,18 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
         for start in range(s * SPLIT, tl.minimum(s * SPLIT + SPLIT, top), BLOCK_N):
             m, l, acc_part = _block(q, kb, vb, dims, vdims, pos, start, Lk, m, l, acc_part, skn, skd, svn, svd,
                                     BLOCK_M, BLOCK_N, True, INTERP)
-        at = (bg * n_splits + s) * (Lq * REP) + r
-        tl.store(pm_ptr + at, m, mask=row_ok)            # every part holds the same (m, l)
-        tl.store(pl_ptr + at, l, mask=row_ok)
-        tl.store(pacc_ptr + at[:, None] * D + vdims[None, :], acc_part, mask=row_ok[:, None])
+        if ONE_SPLIT:
+            # the only split: the program merges it into the empty state itself, with the merge
+            # kernel's code, and writes the output (the merge kernel's bits, no partials, one launch)
+            M, L, ACC = _merge(tl.full((BLOCK_M,), float("-inf"), tl.float32), tl.zeros((BLOCK_M,), tl.float32),
+                               tl.zeros((BLOCK_M, D // DV_PARTS), tl.float32), m, l, acc_part, (0 <= pos) & row_ok)
+            tl.store(o_ptr + b * sob + head[:, None] * soh + qi[:, None] * son + vdims[None, :] * sod,
+                     (ACC / L[:, None]).to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            at = (bg * n_splits + s) * (Lq * REP) + r
+            tl.store(pm_ptr + at, m, mask=row_ok)            # every part holds the same (m, l)
+            tl.store(pl_ptr + at, l, mask=row_ok)
+            tl.store(pacc_ptr + at[:, None] * D + vdims[None, :], acc_part, mask=row_ok[:, None])
     else:
         fast_end = 0
         if FAST:                             # keys 0 .. low-1 are seen by every row of the tile
@@ -230,30 +214,13 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
         if TMA:                              # unmasked blocks through the copy engine
             kd = tl.make_tensor_descriptor(kb, shape=[Lk, D], strides=[skn, 1], block_shape=[BLOCK_N, D])
             vd = tl.make_tensor_descriptor(vb, shape=[Lk, D], strides=[svn, 1], block_shape=[BLOCK_N, D])
-        if SPLIT_LOOP:
-            # a loop over the splits around a loop over one split's blocks; the merged value columns
-            # wait in the tile's fp32 scratch rows (pacc_ptr) while a split is walked, so only one
-            # accumulator is held in registers (two spill at 128 rows), and no branch sits in the
-            # block loop. The same steps and merges in the same order: the same bits
-            base = pacc_ptr + (bg * n_tiles + pid_r).to(tl.int64) * (BLOCK_M * D)
-            for s0 in range(0, top, SPLIT):
-                m, l, acc = _split_walk(q, kb, vb, kd, vd, dims, pos, s0, tl.minimum(s0 + SPLIT, top), fast_end,
-                                        Lk, skn, skd, svn, svd, BLOCK_M, BLOCK_N, D, INTERP, TMA, SELECT_ACC)
-                slot = base + tl.arange(0, BLOCK_M)[:, None] * D + dims[None, :]
-                held = tl.load(slot, mask=(dims[None, :] >= 0) & (s0 > 0), other=0.0)   # zeros at the first
-                M, L, held = _merge(M, L, held, m, l, acc, s0 <= pos)
-                tl.store(slot, held)
-            ACC = tl.load(base + tl.arange(0, BLOCK_M)[:, None] * D + dims[None, :])
-        else:
-            # two loops over the blocks in order: unmasked, then masked
-            for start in range(0, fast_end, BLOCK_N):
-                M, L, ACC, m, l, acc = _prefill_step(q, kd, vd, dims, pos, start, top, Lk, M, L, ACC, m, l, acc,
-                                                     skn, skd, svn, svd, BLOCK_M, BLOCK_N, D, SPLIT, False,
-                                                     INTERP, TMA, SELECT_ACC)
-            for start in range(fast_end, top, BLOCK_N):
-                M, L, ACC, m, l, acc = _prefill_step(q, kb, vb, dims, pos, start, top, Lk, M, L, ACC, m, l, acc,
-                                                     skn, skd, svn, svd, BLOCK_M, BLOCK_N, D, SPLIT, True,
-                                                     INTERP, False, SELECT_ACC)
+        # two loops over the blocks in order: unmasked, then masked
+        for start in range(0, fast_end, BLOCK_N):
+            M, L, ACC, m, l, acc = _prefill_step(q, kd, vd, dims, pos, start, top, Lk, M, L, ACC, m, l, acc,
+                                                 skn, skd, svn, svd, BLOCK_M, BLOCK_N, D, SPLIT, False, INTERP, TMA)
+        for start in range(fast_end, top, BLOCK_N):
+            M, L, ACC, m, l, acc = _prefill_step(q, kb, vb, dims, pos, start, top, Lk, M, L, ACC, m, l, acc,
+                                                 skn, skd, svn, svd, BLOCK_M, BLOCK_N, D, SPLIT, True, INTERP, False)
         out = ACC / L[:, None]
         tl.store(o_ptr + b * sob + head[:, None] * soh + qi[:, None] * son + dims[None, :] * sod,
                  out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -331,8 +298,7 @@ def _set_scratch_allocator():
 
 def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None, prefill=None, decode=None,
               fast: bool | None = None, heavy_first: bool | None = None, combine_rows: int | None = None,
-              tma: bool | None = None, dv_parts: int | None = None, split_loop: bool | None = None,
-              select_acc: bool | None = None):
+              tma: bool | None = None, dv_parts: int | None = None, one_split: bool | None = None):
     """Causal attention of ``q`` [B, Hq, Lq, D] (already scaled) at positions ``q_pos`` [B, Lq] over
     ``k``/``v`` [B, Hkv, Lk, D] holding key positions 0..Lk-1. ``per_split`` None: decode launch when
     every sequence's rows fit one decode tile, prefill launch otherwise (both give the same bits).
@@ -340,8 +306,9 @@ def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None, 
     ``decode`` (BLOCK_M, warps, stages) for :data:`PREFILL` / :data:`DECODE`, ``fast`` for
     :data:`FAST`, ``heavy_first`` for :data:`HEAVY_FIRST`, ``combine_rows`` for :data:`COMBINE_ROWS`,
     ``tma`` for :data:`TMA` (used where the GPU and the strides allow it), ``dv_parts`` for
-    :data:`DV_PARTS` (1, 2, 4 or 8, leaving at least 16 value columns a program), ``split_loop`` for
-    :data:`SPLIT_LOOP`, ``select_acc`` for :data:`SELECT_ACC`."""
+    :data:`DV_PARTS` (1, 2, 4 or 8, leaving at least 16 value columns a program; by default
+    :data:`DV_PARTS` where at most :data:`DV_FEW_PROGRAMS` split programs would run, else 1), ``one_split`` for
+    :data:`ONE_SPLIT`."""
     import torch
 
     batch, heads, lq, dim = q.shape
@@ -364,28 +331,32 @@ def attention(q, k, v, q_pos, *, out_dtype=None, per_split: bool | None = None, 
         use_tma = _tma_ok(k, v) if tma is None else tma
         if use_tma and k.is_cuda:
             _set_scratch_allocator()
-        loop = SPLIT_LOOP if split_loop is None else split_loop
-        # the split loop's scratch: one fp32 row of value columns per row of every tile
-        scratch = torch.empty(batch * hkv * row_tiles * bm * dim if loop else 1, dtype=torch.float32,
-                              device=q.device)
         _launch((batch * hkv, row_tiles, 1), stages,
-                 q, k, v, pos, out, out, out, scratch, lq, lk, hkv, n_splits, row_tiles, *strides,
+                 q, k, v, pos, out, out, out, out, lq, lk, hkv, n_splits, row_tiles, *strides,
                  PER_SPLIT=False, HEAVY_FIRST=HEAVY_FIRST if heavy_first is None else heavy_first,
-                 BLOCK_M=bm, num_warps=warps, TMA=use_tma, SPLIT_LOOP=loop,
-                 SELECT_ACC=SELECT_ACC if select_acc is None else select_acc, **consts)
+                 BLOCK_M=bm, num_warps=warps, TMA=use_tma, **consts)
         return out
-    parts = DV_PARTS if dv_parts is None else dv_parts
+    if dv_parts is None:
+        dv_parts = DV_PARTS if batch * hkv * n_splits * -(-lq * rep // dec_m) <= DV_FEW_PROGRAMS else 1
+        while dv_parts > 1 and (dim % dv_parts or dim // dv_parts < 16):
+            dv_parts //= 2
+    parts = dv_parts
     if parts not in (1, 2, 4, 8) or parts > 1 and (dim % parts or dim // parts < 16):
         raise ValueError(f"dv_parts must be 1, 2, 4 or 8 and leave at least 16 of the {dim} value columns "
                          f"a program, got {parts}")
     row_tiles = -(-lq * rep // dec_m)
     rows = lq * rep
-    pm = torch.empty(batch * hkv * n_splits * rows, dtype=torch.float32, device=q.device)
+    one_split = n_splits == 1 and (ONE_SPLIT if one_split is None else one_split)
+    partials = 1 if one_split else batch * hkv * n_splits * rows
+    pm = torch.empty(partials, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
-    pacc = torch.empty(batch * hkv * n_splits * rows, dim, dtype=torch.float32, device=q.device)
+    pacc = torch.empty(partials, dim, dtype=torch.float32, device=q.device)
     _launch((row_tiles, batch * hkv, n_splits * parts), dec_stages,
             q, k, v, pos, out, pm, pl, pacc, lq, lk, hkv, n_splits, row_tiles, *strides,
-            PER_SPLIT=True, HEAVY_FIRST=False, BLOCK_M=dec_m, num_warps=dec_warps, DV_PARTS=parts, **consts)
+            PER_SPLIT=True, HEAVY_FIRST=False, BLOCK_M=dec_m, num_warps=dec_warps, DV_PARTS=parts,
+            ONE_SPLIT=one_split, **consts)
+    if one_split:
+        return out
     combine_rows = combine_rows or min(COMBINE_ROWS, triton.next_power_of_2(rows))
     _combine_kernel[(-(-rows // combine_rows), batch * hkv)](
         pos, out, pm, pl, pacc, lq, hkv, n_splits, *out.stride(), REP=rep, ROWS=combine_rows, D=dim,

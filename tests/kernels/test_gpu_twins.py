@@ -186,6 +186,21 @@ def test_decode_value_columns_shared_out_keep_the_bits(short_splits, parts):
                                                   dv_parts=parts), one)
 
 
+@pytest.mark.parametrize("parts", [1, 2])
+def test_decode_over_one_split_writes_the_merge_kernels_bits(short_splits, parts):
+    # over one split the split's program runs the merge into the empty state itself
+    gen = torch.Generator().manual_seed(40 + parts)
+    b, hq, hkv, length, d = 3, 8, 2, 200, 128                        # one split of 256 keys
+    q = bf(torch.randn(b, hq, 1, d, generator=gen) * d ** -0.5)
+    k, v = bf(torch.randn(b, hkv, length, d, generator=gen)), bf(torch.randn(b, hkv, length, d, generator=gen))
+    pos = torch.tensor([[199], [64], [0]])
+    merged = triton_attention.attention(q, k, v, pos, per_split=True, dv_parts=parts, one_split=False)
+    direct = triton_attention.attention(q, k, v, pos, per_split=True, dv_parts=parts)
+    assert triton_attention.ONE_SPLIT and torch.equal(direct, merged)
+    prefill = triton_attention.attention(q, k, v, pos, per_split=False, prefill=triton_attention.DECODE)
+    assert torch.equal(direct, prefill)
+
+
 def test_decode_value_parts_are_checked():
     q, k = torch.zeros(1, 4, 1, 32), torch.zeros(1, 1, 8, 32)
     for parts in (3, 4, 16):                                         # 32 columns: at most 2 parts of 16
@@ -206,10 +221,6 @@ def test_scheduling_choices_keep_the_bits_and_decode_equals_prefill(short_splits
     assert torch.equal(fast, masked)                                 # unmasked interior blocks, launch order
     copy_engine = triton_attention.attention(q, k, v, pos, out_dtype=torch.float32, prefill=tile, tma=True)
     assert torch.equal(copy_engine, masked)                          # tensor-descriptor loads
-    for loop, select in ((True, True), (True, False), (False, False)):
-        walked = triton_attention.attention(q, k, v, pos, out_dtype=torch.float32, prefill=tile,
-                                            split_loop=loop, select_acc=select)
-        assert torch.equal(walked, masked), (loop, select)           # splits in an outer loop; P.V of P = 0
     # (the interpreter's dot is a NumPy product, so the CPU twin compares launches over the same
     # tile contents; prefill rows against decode steps are compared byte for byte on the GPU)
     for p in (255, 256, 511, 599):
@@ -226,9 +237,6 @@ def test_scheduling_choices_keep_the_bits_and_decode_equals_prefill(short_splits
     masked = triton_attention.attention(*args, out_dtype=torch.float32, per_split=False, prefill=tile, fast=False)
     whole = triton_attention.attention(*args, out_dtype=torch.float32, per_split=False, prefill=tile)
     assert torch.equal(chunk, masked) and torch.equal(chunk, whole)
-    walked = triton_attention.attention(*args, out_dtype=torch.float32, per_split=False, prefill=tile,
-                                        split_loop=True, select_acc=False)
-    assert torch.equal(chunk, walked)
     torch.testing.assert_close(chunk, fast[:, :, [300, 301, 599]], atol=1e-6, rtol=1e-6)
 
 
