@@ -1,5 +1,5 @@
-"""The committed GPU claims: each one's six sealed runs (fused production P/P against strict R/R, seeds 1-3,
-made on the GPU machine by ``kit run --claim``), its verdict and its page, checked on the CPU: every run
+"""The committed GPU claims: each one's sealed runs (fused production P/P against strict R/R, seeds 1-3 or
+1-4, made on the GPU machine by ``kit run --claim``), its verdict and its page, checked on the CPU: every run
 verifies, the verdict verifies, evaluating the sealed claim again over the committed runs gives the committed
 verdict, and the pair of each seed is a controlled comparison.
 
@@ -11,7 +11,9 @@ verdict, and the pair of each seed is a controlled comparison.
 - ``gpu-strict-tax-w1-graphs``: the width-1 arms with rollout decode steps as CUDA graphs on both sides:
   supported (step time 1.055 [1.028, 1.085]);
 - ``gpu-strict-tax-w1-graphs-5pct``: the same arms at a 5 % bound, the same strict bits with less work around
-  them: inconclusive (step time 1.027 [1.001, 1.059])."""
+  them: inconclusive (step time 1.027 [1.001, 1.059]);
+- ``gpu-strict-tax-w1-graphs-5pct-4seeds``: the same arms and bound over 4 seeds, decode over one key split
+  written by its split kernel (the same bits): supported (step time 1.021 [1.005, 1.040])."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ class Claim:
     verdict: str
     step_time: str                 # the step-time criterion's verdict
     fingerprint: str               # the qwen3-8b oracle's, as the runs' GPU computed it (the kernels' revision)
+    seeds: tuple[int, ...] = (1, 2, 3)
 
     @property
     def sealed(self) -> Path:
@@ -51,14 +54,16 @@ CLAIMS = [Claim("gpu-strict-tax", "gpu-claim", "not supported", "not supported",
           Claim("gpu-strict-tax-w1", "gpu-claim-w1", "inconclusive", "inconclusive", GLUE),
           Claim("gpu-strict-tax-w1-logits", "gpu-claim-w1-logits", "inconclusive", "inconclusive", LOGITS),
           Claim("gpu-strict-tax-w1-graphs", "gpu-claim-w1-graphs", "supported", "supported", LOGITS),
-          Claim("gpu-strict-tax-w1-graphs-5pct", "gpu-claim-w1-graphs-5pct", "inconclusive", "inconclusive", LOGITS)]
+          Claim("gpu-strict-tax-w1-graphs-5pct", "gpu-claim-w1-graphs-5pct", "inconclusive", "inconclusive", LOGITS),
+          Claim("gpu-strict-tax-w1-graphs-5pct-4seeds", "gpu-claim-w1-graphs-5pct-4seeds", "supported", "supported",
+                LOGITS, seeds=(1, 2, 3, 4))]
 each_claim = pytest.mark.parametrize("claim", CLAIMS, ids=[c.name for c in CLAIMS])
 
 
 def run_dirs(claim: Claim) -> list[Path]:
     dirs = sorted((REPO / "tests" / "data" / claim.runs).glob(f"{claim.name}-*"))
     assert [d.name for d in dirs] == [f"{claim.name}-{role}-s{seed}" for role in ("reference", "treatment")
-                                      for seed in (1, 2, 3)]
+                                      for seed in claim.seeds]
     return dirs
 
 
@@ -107,7 +112,7 @@ def test_evaluating_the_claim_again_gives_the_committed_verdict(claim, tmp_path)
 @each_claim
 def test_each_seed_is_a_controlled_pair_and_analyses(claim, tmp_path):
     dirs = {d.name: d for d in run_dirs(claim)}
-    for seed in (1, 2, 3):
+    for seed in claim.seeds:
         ref, treat = dirs[f"{claim.name}-reference-s{seed}"], dirs[f"{claim.name}-treatment-s{seed}"]
         proc = run_kit("compare", str(ref), str(treat))
         assert proc.returncode == 0 and "controlled" in proc.stdout, proc.stdout + proc.stderr
