@@ -440,6 +440,23 @@ def _registers(ta) -> dict:
     return {"registers": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None)}
 
 
+def _decode_row(res, section, row, step, base, same_key, checks, **schedule):
+    """One decode schedule over ``step`` (q, k cache, v cache, positions): its bytes against ``base``,
+    any further ``checks`` (name -> callable), its time against SDPA; recorded under ``section``."""
+    import torch.nn.functional as F
+    from rlk_kernels.gpu import triton_attention as ta
+    q, kc, vc, _ = step
+    try:
+        row[same_key] = _same(ta.attention(*step, **schedule), base)
+        row.update({name: check() for name, check in checks.items()})
+        row.update(side_by_side(lambda: ta.attention(*step, **schedule),
+                                lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True), 20))
+    except Exception as exc:
+        row["error"] = repr(exc)[:300]
+    res[section].append(row)
+    print("sweep " + section.replace("_", " "), row, flush=True)
+
+
 def sweep(L, split_sizes=True):
     """Core attention (prefill 8192 tokens; decode batch 1 / 8 / 64 over 2048 / 7168 cached keys)
     under several schedules, each timed against the same P and checked
@@ -493,43 +510,21 @@ def sweep(L, split_sizes=True):
     for (ctx, batch), (q, kc, vc, qpos) in cases.items():
         base = ta.attention(q, kc, vc, qpos, combine_rows=64)
         for rows in DECODE_VARIANTS:
-            row = {"batch": batch, "kv_cache": ctx, "combine_rows": rows}
-            try:
-                row["same_as_64_rows"] = _same(ta.attention(q, kc, vc, qpos, combine_rows=rows), base)
-                if batch == 8 and ctx == 2048:
-                    row["decode_equal"] = decode_equal(ref, combine_rows=rows)
-                row.update(side_by_side(lambda: ta.attention(q, kc, vc, qpos, combine_rows=rows),
-                                        lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True), 20))
-            except Exception as exc:
-                row["error"] = repr(exc)[:300]
-            res["decode_attention"].append(row)
-            print("sweep decode attention", row, flush=True)
+            equal = {"decode_equal": lambda: decode_equal(ref, combine_rows=rows)} if (batch, ctx) == (8, 2048) else {}
+            _decode_row(res, "decode_attention", {"batch": batch, "kv_cache": ctx, "combine_rows": rows},
+                        (q, kc, vc, qpos), base, "same_as_64_rows", equal, combine_rows=rows)
         for parts in DV_PARTS_VARIANTS:
-            row = {"batch": batch, "kv_cache": ctx, "dv_parts": parts}
-            try:
-                row["same_as_one_part"] = _same(ta.attention(q, kc, vc, qpos, dv_parts=parts), base)
-                row.update(side_by_side(lambda: ta.attention(q, kc, vc, qpos, dv_parts=parts),
-                                        lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True), 20))
-            except Exception as exc:
-                row["error"] = repr(exc)[:300]
-            res["decode_value_parts"].append(row)
-            print("sweep decode value parts", row, flush=True)
+            _decode_row(res, "decode_value_parts", {"batch": batch, "kv_cache": ctx, "dv_parts": parts},
+                        (q, kc, vc, qpos), base, "same_as_one_part", {}, dv_parts=parts)
     for ctx in ONE_SPLIT_CACHES:              # one split: the split kernel writes the output itself
         for batch in (1, 64, 1024):
             q = (torch.randn(batch, cfg.heads, 1, d, device="cuda", generator=gen) * 0.1).to(torch.bfloat16)
             kc = torch.randn(batch, cfg.query_groups, ctx, d, device="cuda", generator=gen).to(torch.bfloat16)
-            vc, qpos = torch.randn_like(kc), torch.full((batch, 1), ctx - 1, device="cuda")
+            step = (q, kc, torch.randn_like(kc), torch.full((batch, 1), ctx - 1, device="cuda"))
+            merged = ta.attention(*step, one_split=False)
             for one in (False, True):
-                row = {"batch": batch, "kv_cache": ctx, "one_split": one}
-                try:
-                    row["same_as_merge_kernel"] = _same(ta.attention(q, kc, vc, qpos, one_split=one),
-                                                        ta.attention(q, kc, vc, qpos, one_split=False))
-                    row.update(side_by_side(lambda: ta.attention(q, kc, vc, qpos, one_split=one),
-                                            lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True), 20))
-                except Exception as exc:
-                    row["error"] = repr(exc)[:300]
-                res["decode_one_split"].append(row)
-                print("sweep decode one split", row, flush=True)
+                _decode_row(res, "decode_one_split", {"batch": batch, "kv_cache": ctx, "one_split": one},
+                            step, merged, "same_as_merge_kernel", {}, one_split=one)
     default_split = ta.SPLIT
     for split in SPLIT_VARIANTS if split_sizes else ():
         ta.SPLIT = split
