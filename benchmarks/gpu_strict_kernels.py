@@ -458,8 +458,9 @@ def _decode_row(res, section, row, step, base, same_key, checks, **schedule):
 
 
 def sweep(L, split_sizes=True):
-    """Core attention (prefill 8192 tokens; decode batch 1 / 8 / 64 over 2048 / 7168 cached keys)
-    under several schedules, each timed against the same P and checked
+    """Core attention (prefill 4096 and 8192 tokens, with each kernel's registers and spills; decode
+    batch 1 / 8 / 64 over 2048 / 7168 cached keys; decode over one split, batch 1 / 64 / 1024 over 48 /
+    512 keys) under several schedules, each timed against the same P and checked
     byte for byte against the defaults (attention: decode steps against the prefill rows)."""
     import torch
     import torch.nn.functional as F

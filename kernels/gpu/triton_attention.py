@@ -262,12 +262,12 @@ def _launch(grid, stages, *args, **consts):
     """Launch the attention kernel with ``stages`` pipeline stages, or fewer where that many do not
     fit the GPU's shared memory (the stage count schedules loads; it changes no bit)."""
     from triton.runtime.errors import OutOfResources
+    global LAST_KERNEL
 
     key = (tuple(sorted(consts.items())), stages)
     fit = _STAGES.get(key, stages)
     while True:
         try:
-            global LAST_KERNEL
             LAST_KERNEL = _attn_kernel[grid](*args, num_stages=fit, **consts)
             _STAGES[key] = fit
             return
