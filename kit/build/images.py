@@ -42,7 +42,7 @@ from kit.build.image_checks import (  # noqa: F401
     read_image_file,
     verify_image_by_probe,
 )
-from kit.build.layout import LABEL_PREFIX
+from kit.build.layout import LABEL_PREFIX, step_cache_ref
 from kit.build.plan import PLATFORMS, BuildPlan, context_tar, make_plan, source_problems
 from kit.build.provenance import LABEL as PROVENANCE_LABEL
 from kit.build.repro_build import find_provenance, recover_provenance, write_reproducible
@@ -55,6 +55,8 @@ from kit.model.stack import stack_parts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_FROM_RE = re.compile(r"^FROM\s+\S+(?:\s+AS\s+(\S+))?\s*$", re.IGNORECASE)
+_RESULT_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")   # not " ---> Running in …"
 def _base_id_if_known(client, base_image: str) -> str | None:
     """The local id of a tagged base when an engine answers and holds it (a dry run asks, never needs:
     a short timeout, so an engine that does not answer cannot hold the dry run up)."""
@@ -205,6 +207,8 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
         extra = {"http_proxy": proxy} if proxy else {}
         step, total, current, image_id, hits, log = _run_build(client, plan, tar, nocache, reproducible, network,
                                                                extra, progress, t0)
+    for stage, leaf in stage_leaves(log).items():   # replaced by the next build's, not left dangling
+        dockerdoor.retag(client, leaf, step_cache_ref(plan.tag, plan.platform, stage))
     if image_id is None:
         if reproducible:
             raise CheckFailed(f"the engine reported no image id for the build of {plan.tag}")
@@ -237,6 +241,28 @@ def build_image(plan: BuildPlan, *, workspace: Path, client=None, nocache: bool 
     return BuildResult(plan.tag, image_id, cached, total, record["durations_s"], record_path, record,
                        normalized=normalized)
 
+
+
+def stage_leaves(log: list[str]) -> dict[str, str]:
+    """{stage name: image id of its last step} for every stage of a multi-stage build but the last,
+    read off the classic builder's log. They are the engine's cache of those stages (a later build
+    reuses them); the engine keeps them untagged, so without a step-cache ref each cold build would
+    leave its own copy behind (about 1.6 GB of venv for the smoke stack)."""
+    leaves: dict[str, str] = {}
+    stage, current, index = None, None, 0
+    for line in "".join(log).splitlines():
+        step = _STEP_RE.match(line)
+        if step:
+            origin = _FROM_RE.match(step.group(3))
+            if origin:
+                if stage is not None and current:
+                    leaves[stage] = current
+                stage, current, index = origin.group(1) or f"stage{index}", None, index + 1
+            continue
+        result = _RESULT_RE.match(line)
+        if result:
+            current = result.group(1)
+    return leaves
 
 
 def _run_build(client, plan: BuildPlan, tar: bytes, nocache: bool, reproducible: bool, network, extra_args: dict,

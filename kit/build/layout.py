@@ -27,6 +27,12 @@ LABEL_PREFIX = labels.LABEL_PREFIX   # kit/model/labels.py: the model reads labe
 # it carries the build's labels but is not the kit's image (kit.build.lookup never picks it).
 STEP_CACHE_SUFFIX = "-step-cache"
 
+
+def step_cache_ref(tag: str, platform: str, stage: str = "") -> str:
+    """``rlk-kit/smoke:cpu-step-cache`` (the engine's image of a build) or, for a named stage of its
+    Dockerfile, ``rlk-kit/smoke:cpu-packages-step-cache``: one image per ref, replaced by the next build."""
+    return f"{tag.rpartition(':')[0]}:{platform}{'-' + stage if stage else ''}{STEP_CACHE_SUFFIX}"
+
 # How a stack is checked inside a container (a throwaway one or a run's live one): the stack goes in
 # through the environment, so the probe reports exactly its packages and sources. Exit 1 (pins
 # differ) still prints the probe document, which the caller compares again. The conformance

@@ -20,7 +20,7 @@ from kit.adapters import docker as dockerdoor
 from kit.adapters.docker_storage import stored_image
 from kit.build.image_checks import read_image_file
 from kit.build.image_config import config_bytes, epoch_of
-from kit.build.layout import STEP_CACHE_SUFFIX
+from kit.build.layout import step_cache_ref
 from kit.build.plan import CONTEXT_MTIME, BuildPlan
 from kit.build.provenance import LABEL, image_provenance, parse_package_list
 from kit.build.reproduce import NormalizedImage, base_layers, normalize_image
@@ -51,11 +51,6 @@ def base_packages(client, base_ref: str) -> list[dict]:
     return parse_package_list("\n".join(sorted(rows)))
 
 
-def step_cache_ref(plan: BuildPlan) -> str:
-    """``rlk-kit/smoke:cpu-step-cache``: where the engine's image of a build is kept for the next one."""
-    return f"{plan.tag.rpartition(':')[0]}:{plan.platform}{STEP_CACHE_SUFFIX}"
-
-
 def write_reproducible(client, plan: BuildPlan, engine_id: str, *, workspace: Path, tag: str, arm: str | None = None,
                        keep: bool = False, progress=None) -> tuple[NormalizedImage, dict]:
     """(the normalized image, the build record's ``reproducible`` and ``provenance`` parts)."""
@@ -76,7 +71,7 @@ def write_reproducible(client, plan: BuildPlan, engine_id: str, *, workspace: Pa
     # The engine's own image stays as the step cache of the next build of this stack and platform
     # (changing the kit must not rebuild the layers below it); one per stack and platform, not one per build.
     if engine_id != normalized.image_id:
-        dockerdoor.retag(client, engine_id, step_cache_ref(plan))
+        dockerdoor.retag(client, engine_id, step_cache_ref(plan.tag, plan.platform))
     path = _provenance_path(workspace, tag)
     _write_provenance(path, holder["statement"], dumps_pretty)
     part = {
