@@ -74,18 +74,18 @@ def test_cold_builds_replace_their_stage_caches_instead_of_leaving_them(docker_e
                      tag=tag, base_image="rlk-kit/debian-base:bookworm", base_unresolved=False)
     stage_ref = step_cache_ref(tag, "cpu", "first")
     assert stage_ref == f"rlk-kit/{stack}:cpu-first-step-cache"
-    leaves = []
+    leaves, finals = [], []
     try:
         for _ in range(2):   # cold each time: the engine makes a new image for every step
-            build_image(plan, workspace=tmp_path, client=docker_engine, nocache=True, reproducible=False,
-                        write_record=False)
+            finals.append(build_image(plan, workspace=tmp_path, client=docker_engine, nocache=True,
+                                      reproducible=False, write_record=False).image_id)
             leaves.append(dockerdoor.find_image(docker_engine, stage_ref).id)
         assert leaves[0] != leaves[1]
         assert dockerdoor.find_image(docker_engine, leaves[0]) is None     # the first build's stage is gone
         dangling = {image.id for image in docker_engine.images.list(filters={"dangling": True})}
         assert leaves[1] not in dangling
     finally:
-        for ref in (tag, stage_ref):
+        for ref in (*finals, stage_ref):
             try:
                 docker_engine.images.remove(ref, force=True)
             except Exception:
