@@ -91,6 +91,18 @@ def list_images(engine_client, *, labels: dict[str, str] | None = None, name: st
         raise _explained(exc) from None
 
 
+def own_bytes(engine_client) -> dict[str, int]:
+    """{image id: the bytes only that image holds (its size less the layers it shares)}, from the engine's
+    disk-usage report; EngineError when the engine will not give it."""
+    import docker
+
+    try:
+        rows = engine_client.df().get("Images") or []
+    except docker.errors.DockerException as exc:
+        raise _explained(exc) from None
+    return {row["Id"]: max(0, row.get("Size", 0) - max(0, row.get("SharedSize", 0))) for row in rows if "Id" in row}
+
+
 def retag(engine_client, image_id: str, ref: str) -> None:
     """Point ``ref`` (repository:tag) at ``image_id``; the image it named before is removed when no
     other tag or container holds it (so one ref keeps one image, not one per build)."""

@@ -32,6 +32,10 @@ def command(arm_name, workspace, ray_address, as_json):
     cache/hashes.json) and compared; the torch_dist checkpoint converted with
     the arm's stack (full stack sha256; the host's platform, then the newest).
 
+    The engine's images of the arm's stack built from other inputs (earlier
+    revisions of the stack or the kit) are listed with the bytes only they
+    hold and the command that removes them (`image.others`, never a FAIL).
+
     Each check prints `PASS|FAIL|SKIP <name>: <reason>`. Exit 1 if any check FAILs, else 0.
     Re-hashing a model or checkpoint reports files and bytes hashed on stderr (not with --json).
 

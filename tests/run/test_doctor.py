@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import urllib.request
@@ -32,6 +33,7 @@ from kit.run.doctor import (
     check_arm_image,
     check_checkpoint,
     check_model,
+    check_other_images,
     check_prompt_data,
     find_stack_image,
     judge_docker,
@@ -45,6 +47,7 @@ from kit.run.doctor import (
     run_doctor,
 )
 from kit.model.documents import schema_problems
+from kit.run.doctor.host import judge_other_images
 from kit.inputs.files import hash_tree, tree_sha256
 from kit.inputs.prepare import PUBLISHED_OUTPUT_SHA256, Workspace, prepare_dataset, prepare_model
 from fixtures_prepare import EXPECTED_JSONL, make_model, write_parquet
@@ -105,6 +108,17 @@ def test_runtime_and_space_rules():
     assert judge_space("host.disk", None, Path("/"), 1 * GiB).status == SKIP
 
 
+def test_other_images_rule_names_them_and_the_command_that_removes_them():
+    none = judge_other_images("smoke", "cpu", [])
+    assert none.status == PASS and none.reason == "no cpu images of other inputs of stack smoke on the engine"
+    others = [(f"rlk-kit/smoke:cpu-{i:012x}", f"sha256:{i:064x}", GiB) for i in range(8)]
+    check = judge_other_images("smoke", "cpu", others)
+    assert check.status == PASS and check.details["own_bytes"] == 8 * GiB
+    assert "8 cpu image(s) of other inputs of stack smoke hold 8.0 GiB of their own" in check.reason
+    assert "docker image rm rlk-kit/smoke:cpu-000000000000 " in check.reason and "… (2 more)" in check.reason
+    assert [row["ref"] for row in check.details["images"]] == [ref for ref, _, _ in others]
+
+
 def test_docker_and_ray_rules():
     assert judge_docker({"error": "connection refused"}).status == FAIL
     assert "dockerd" in judge_docker({"error": "x"}).reason
@@ -160,6 +174,7 @@ def test_smoke_arm_on_this_host(tmp_path):
     assert checks["inputs.prompt_data"]["status"] == SKIP and "built-in prompts" in checks["inputs.prompt_data"]["reason"]
     assert checks["ray.cluster"]["status"] == SKIP
     assert checks["host.shm"]["status"] == PASS  # this host has far more than 1 GiB of /dev/shm
+    assert checks["image.others"]["status"] == PASS       # information, never a failure
     image = checks["image"]
     # whether the smoke image was built on this engine decides PASS; otherwise the FAIL says what to do
     assert (image["status"] == PASS and "matches stack" in image["reason"]) or (
@@ -241,6 +256,7 @@ def test_doctor_and_the_docker_runtime_choose_the_same_image():
     newer = build("cpu", 2)
     time.sleep(1.1)
     other_platform = build("rocm", 3)        # newest of all, but not what a cpu arm runs
+    made = []
     try:
         from kit.adapters.docker import image_age_key as key
         from kit.build.lookup import stack_image
@@ -258,8 +274,27 @@ def test_doctor_and_the_docker_runtime_choose_the_same_image():
                        {"name": stack, "platforms": {}, "packages": {}, "sources": []}, sha)
         check = check_arm_image(Context(arm=spec))
         assert check.details["id"] == newer.id and check.details["image"] == f"rlk-kit/{stack}:cpu-2"
+
+        # what else the engine holds of this stack and platform: the older build and one of another
+        # revision (its own 1 MiB layer), not the chosen image and not the other platform's
+        blob = os.urandom(1 << 20)
+        context = io.BytesIO()
+        with tarfile.open(fileobj=context, mode="w") as tar:
+            for name, data in (("Dockerfile", b"FROM scratch\nCOPY blob /blob\n"), ("blob", blob)):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        context.seek(0)
+        revision = client.images.build(fileobj=context, custom_context=True, tag=f"rlk-kit/{stack}:cpu-9", rm=True)[0]
+        made.append(revision)
+        others = check_other_images(Context(arm=spec))
+        assert others.status == PASS, others.reason
+        rows = {row["ref"]: row for row in others.details["images"]}
+        assert sorted(rows) == [f"rlk-kit/{stack}:cpu-1", f"rlk-kit/{stack}:cpu-9"], others.reason
+        assert rows[f"rlk-kit/{stack}:cpu-9"]["own_bytes"] >= len(blob) and rows[f"rlk-kit/{stack}:cpu-1"]["own_bytes"] == 0
+        assert f"docker image rm rlk-kit/{stack}:cpu-1 rlk-kit/{stack}:cpu-9" in others.reason
     finally:
-        for image in (older, newer, other_platform):
+        for image in (older, newer, other_platform, *made):
             client.images.remove(image.id, force=True)
 
 

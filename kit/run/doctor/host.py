@@ -13,7 +13,7 @@ from pathlib import Path
 from kit.adapters import docker as dockerdoor
 from kit.adapters.ray import dashboard_version
 from kit.build.images import check_image
-from kit.build.lookup import find_stack_image
+from kit.build.lookup import find_stack_image, other_input_images
 from kit.engines import get_engine
 from kit.run.doctor.context import FAIL, MIN_DOCKER, PASS, SKIP, ArmSpec, Check, Context, Gpu, _gib, _one_line, min_driver_for_cuda, version_tuple
 
@@ -171,6 +171,35 @@ def check_arm_image(ctx: Context) -> Check:
     if ok:
         return Check("image", PASS, f"{ref} matches stack {arm.stack_name} ({arm.stack_sha256[:12]})", details)
     return Check("image", FAIL, f"{ref} does not match stack {arm.stack_name}: " + "; ".join(problems[:5]), details)
+
+
+def check_other_images(ctx: Context) -> Check:
+    """What the engine still holds of this stack's earlier inputs: never a failure, but where a build's
+    disk goes (each smoke image of another kit revision keeps its own 1.5 GB venv layer)."""
+    arm = ctx.arm
+    if arm is None or "error" in ctx.docker:
+        return Check("image.others", SKIP, "no --arm" if arm is None else "no Docker engine (see docker.engine)")
+    client, platform = ctx.docker["client"], ctx.platform
+    try:
+        chosen = find_stack_image(arm.stack_name, arm.stack_sha256, platform, client)
+        others = other_input_images(client, arm.stack_name, platform, chosen.id if chosen is not None else None)
+    except Exception as exc:
+        return Check("image.others", SKIP, f"cannot list images ({_one_line(exc)})")
+    return judge_other_images(arm.stack_name, platform, others)
+
+
+def judge_other_images(stack_name: str, platform: str, others: list[tuple[str, str, int]]) -> Check:
+    """PASS either way; the reason names the images of other inputs and the command that removes them."""
+    if not others:
+        return Check("image.others", PASS, f"no {platform} images of other inputs of stack {stack_name} on the engine")
+    total = sum(size for _, _, size in others)
+    refs = [ref for ref, _, _ in others]
+    shown = " ".join(refs[:6]) + (f" … ({len(refs) - 6} more)" if len(refs) > 6 else "")
+    return Check("image.others", PASS,
+                 f"{len(refs)} {platform} image(s) of other inputs of stack {stack_name} hold {_gib(total)} of their own "
+                 f"on the engine; a run never picks them: docker image rm {shown}",
+                 {"images": [{"ref": ref, "id": image_id, "own_bytes": size} for ref, image_id, size in others],
+                  "own_bytes": total})
 
 
 def _image_verdict(result) -> tuple[bool, list[str]]:
