@@ -335,3 +335,17 @@ def test_plans_refuse_te_2_18_beside_torch_2_9_and_list_what_a_site_supplies(tmp
                          ("megatron-lm", "1dcf0dafa884ad52ffb243625717a3471643e087")):
         assert any(f"source {name} https://" in n and commit in n and f"--source {name}=PATH" in n for n in supplies)
     assert any(n.startswith("supply: base image ") and "@sha256:" in n and "by digest" in n for n in supplies)
+
+
+def test_stage_leaves_are_read_off_the_classic_builders_log():
+    from kit.build.images import stage_leaves
+
+    log = ["Step 1/7 : ARG BASE_IMAGE\n", "Step 2/7 : FROM --platform=linux/amd64 ${BASE_IMAGE} AS sources\n",
+           " ---> 5212329d3869\n", "Step 3/7 : RUN make\n", " ---> Running in 0abc12345678\n",
+           "Removing intermediate container 0abc12345678\n", " ---> 0a32d3da9f4d\n",
+           "Step 4/7 : FROM ${BASE_IMAGE}\n", " ---> 5212329d3869\n", "Step 5/7 : COPY x /x\n", " ---> Using cache\n",
+           " ---> 66eb920fc6a7\n", "Step 6/7 : from ${BASE_IMAGE} as last\n", " ---> 5212329d3869\n",
+           "Step 7/7 : COPY --from=sources /a /a\n", " ---> 9624a5aab1b4\n"]
+    # every stage but the last, by name (an unnamed one by its index); "Running in" is a container, not a leaf
+    assert stage_leaves(log) == {"sources": "0a32d3da9f4d", "stage1": "66eb920fc6a7"}
+    assert stage_leaves(["Step 1/2 : FROM scratch\n", "Step 2/2 : LABEL a=b\n", " ---> 1234567890ab\n"]) == {}
