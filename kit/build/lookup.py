@@ -27,7 +27,7 @@ def stack_image(client, stack_sha256: str, platform: str):
 def other_input_images(client, stack_name: str, platform: str, keep_id: str | None) -> list[tuple[str, str, int]]:
     """The kit's images of this stack and platform built from other inputs than ``keep_id``'s (earlier
     revisions of the stack or the kit), as (ref, id, bytes only that image holds), by ref. A run never
-    picks them; they stay on the engine until removed, each holding its own venv layer."""
+    picks them; they stay on the engine until removed, with every layer they do not share."""
     found = [image for image in dockerdoor.list_images(client, name=f"rlk-kit/{stack_name}")
              if image.id != keep_id and any(tag.split(":", 1)[-1].startswith(f"{platform}-") for tag in _kit_tags(image))]
     if not found:

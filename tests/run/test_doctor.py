@@ -115,6 +115,8 @@ def test_other_images_rule_names_them_and_the_command_that_removes_them():
     check = judge_other_images("smoke", "cpu", others)
     assert check.status == PASS and check.details["own_bytes"] == 8 * GiB
     assert "8 cpu image(s) of other inputs of stack smoke hold 8.0 GiB of their own" in check.reason
+    small = judge_other_images("smoke", "cpu", [("rlk-kit/smoke:cpu-0123456789ab", "sha256:" + "1" * 64, 3 << 20)])
+    assert "1 cpu image(s) of other inputs of stack smoke hold 3.0 MiB of their own" in small.reason
     assert "docker image rm rlk-kit/smoke:cpu-000000000000 " in check.reason and "… (2 more)" in check.reason
     assert [row["ref"] for row in check.details["images"]] == [ref for ref, _, _ in others]
 

@@ -175,7 +175,7 @@ def check_arm_image(ctx: Context) -> Check:
 
 def check_other_images(ctx: Context) -> Check:
     """What the engine still holds of this stack's earlier inputs: never a failure, but where a build's
-    disk goes (each smoke image of another kit revision keeps its own 1.5 GB venv layer)."""
+    disk may go (an image of another revision keeps every layer it does not share)."""
     arm = ctx.arm
     if arm is None or "error" in ctx.docker:
         return Check("image.others", SKIP, "no --arm" if arm is None else "no Docker engine (see docker.engine)")
@@ -196,10 +196,15 @@ def judge_other_images(stack_name: str, platform: str, others: list[tuple[str, s
     refs = [ref for ref, _, _ in others]
     shown = " ".join(refs[:6]) + (f" … ({len(refs) - 6} more)" if len(refs) > 6 else "")
     return Check("image.others", PASS,
-                 f"{len(refs)} {platform} image(s) of other inputs of stack {stack_name} hold {_gib(total)} of their own "
-                 f"on the engine; a run never picks them: docker image rm {shown}",
+                 f"{len(refs)} {platform} image(s) of other inputs of stack {stack_name} hold {_own_size(total)} of "
+                 f"their own on the engine (layers shared with other images not counted); a run never picks them: "
+                 f"docker image rm {shown}",
                  {"images": [{"ref": ref, "id": image_id, "own_bytes": size} for ref, image_id, size in others],
                   "own_bytes": total})
+
+
+def _own_size(n: int) -> str:
+    return _gib(n) if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"   # a kit layer alone is a few MiB
 
 
 def _image_verdict(result) -> tuple[bool, list[str]]:
