@@ -57,6 +57,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _FROM_RE = re.compile(r"^FROM\s+(?:--\S+\s+)*\S+(?:\s+AS\s+(\S+))?\s*$", re.IGNORECASE)
 _RESULT_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")   # not " ---> Running in …"
+
+
 def _base_id_if_known(client, base_image: str) -> str | None:
     """The local id of a tagged base when an engine answers and holds it (a dry run asks, never needs:
     a short timeout, so an engine that does not answer cannot hold the dry run up)."""

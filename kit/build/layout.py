@@ -33,6 +33,7 @@ def step_cache_ref(tag: str, platform: str, stage: str = "") -> str:
     Dockerfile, ``rlk-kit/smoke:cpu-packages-step-cache``: one image per ref, replaced by the next build."""
     return f"{tag.rpartition(':')[0]}:{platform}{'-' + stage if stage else ''}{STEP_CACHE_SUFFIX}"
 
+
 # How a stack is checked inside a container (a throwaway one or a run's live one): the stack goes in
 # through the environment, so the probe reports exactly its packages and sources. Exit 1 (pins
 # differ) still prints the probe document, which the caller compares again. The conformance

@@ -29,7 +29,7 @@ def other_input_images(client, stack_name: str, platform: str, keep_id: str | No
     revisions of the stack or the kit), as (ref, id, bytes only that image holds), by ref. A run never
     picks them; they stay on the engine until removed, with every layer they do not share."""
     found = [image for image in dockerdoor.list_images(client, name=f"rlk-kit/{stack_name}")
-             if image.id != keep_id and any(tag.split(":", 1)[-1].startswith(f"{platform}-") for tag in _kit_tags(image))]
+             if image.id != keep_id and _tagged_for(image, platform)]
     if not found:
         return []
     sizes = dockerdoor.own_bytes(client)
@@ -38,6 +38,11 @@ def other_input_images(client, stack_name: str, platform: str, keep_id: str | No
 
 def _kit_tags(image) -> list[str]:
     return [tag for tag in image.tags if not tag.endswith(STEP_CACHE_SUFFIX)]
+
+
+def _tagged_for(image, platform: str) -> bool:
+    """Has a kit tag of the form ``rlk-kit/<stack>:<platform>-<inputs12>``."""
+    return any(tag.split(":", 1)[-1].startswith(f"{platform}-") for tag in _kit_tags(image))
 
 
 def image_for_arm(client, arm) -> str:
@@ -62,4 +67,4 @@ def find_stack_image(stack_name: str, stack_sha256: str, platform: str, client=N
     if chosen is not None:
         return chosen
     return dockerdoor.newest(image for image in dockerdoor.list_images(client, name=f"rlk-kit/{stack_name}")
-                             if any(tag.split(":", 1)[-1].startswith(f"{platform}-") for tag in _kit_tags(image)))
+                             if _tagged_for(image, platform))

@@ -4,6 +4,7 @@ multi-stage build's earlier stages are kept the same way, so cold builds do not 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import time
 import uuid
@@ -68,7 +69,7 @@ COPY --from=first /first /first
 def test_cold_builds_replace_their_stage_caches_instead_of_leaving_them(docker_engine, tmp_path: Path):
     stack = f"stage-cache-{uuid.uuid4().hex[:8]}"
     tag = f"rlk-kit/{stack}:cpu-0123456789ab"
-    digest = "sha256:" + __import__("hashlib").sha256(STAGED).hexdigest()
+    digest = "sha256:" + hashlib.sha256(STAGED).hexdigest()
     plan = BuildPlan(platform="cpu", stack_name=stack, stack_sha256="0" * 64, dockerfile="Dockerfile", build_args={},
                      labels={}, context=(ContextEntry("Dockerfile", 0o644, digest, data=STAGED),), inputs_sha256="1" * 64,
                      tag=tag, base_image="rlk-kit/debian-base:bookworm", base_unresolved=False)

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import urllib.request
@@ -39,6 +38,7 @@ from kit.run.doctor import (
     judge_docker,
     judge_gpu_runtime,
     judge_gpus,
+    judge_other_images,
     judge_ray,
     judge_space,
     load_arm,
@@ -46,8 +46,8 @@ from kit.run.doctor import (
     observe_ray,
     run_doctor,
 )
+from kit.build.plan import ContextEntry, context_tar
 from kit.model.documents import schema_problems
-from kit.run.doctor.host import judge_other_images
 from kit.inputs.files import hash_tree, tree_sha256
 from kit.inputs.prepare import PUBLISHED_OUTPUT_SHA256, Workspace, prepare_dataset, prepare_model
 from fixtures_prepare import EXPECTED_JSONL, make_model, write_parquet
@@ -280,14 +280,11 @@ def test_doctor_and_the_docker_runtime_choose_the_same_image():
         # what else the engine holds of this stack and platform: the older build and one of another
         # revision (its own 1 MiB layer), not the chosen image and not the other platform's
         blob = os.urandom(1 << 20)
-        context = io.BytesIO()
-        with tarfile.open(fileobj=context, mode="w") as tar:
-            for name, data in (("Dockerfile", b"FROM scratch\nCOPY blob /blob\n"), ("blob", blob)):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        context.seek(0)
-        revision = client.images.build(fileobj=context, custom_context=True, tag=f"rlk-kit/{stack}:cpu-9", rm=True)[0]
+        files = {"Dockerfile": b"FROM scratch\nCOPY blob /blob\n", "blob": blob}
+        context = context_tar([ContextEntry(name, 0o644, "sha256:" + hashlib.sha256(data).hexdigest(), data=data)
+                               for name, data in files.items()])
+        revision = client.images.build(fileobj=io.BytesIO(context), custom_context=True, tag=f"rlk-kit/{stack}:cpu-9",
+                                       rm=True)[0]
         made.append(revision)
         others = check_other_images(Context(arm=spec))
         assert others.status == PASS, others.reason

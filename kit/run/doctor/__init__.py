@@ -24,15 +24,15 @@ from kit import __version__
 from kit.build.lookup import find_stack_image
 from kit.run.doctor.context import (DOCTOR_SCHEMA, FAIL, PASS, SKIP, ArmSpec, Check, Context, Gpu, _one_line,
                                     free_bytes, load_arm, min_driver_for_cuda)
-from kit.run.doctor.host import (check_arm_image, check_other_images, judge_docker, judge_gpu_runtime, judge_gpus, judge_ray,
-                                 judge_space, observe_ray)
+from kit.run.doctor.host import (check_arm_image, check_other_images, judge_docker, judge_gpu_runtime, judge_gpus,
+                                 judge_other_images, judge_ray, judge_space, observe_ray)
 from kit.run.doctor.inputs import check_checkpoint, check_model, check_prompt_data
 from kit.runtimes.leases import reap_stale
 
 # what callers and tests use; the rules themselves live in context.py, host.py and inputs.py
 __all__ = ["DOCTOR_SCHEMA", "FAIL", "PASS", "SKIP", "ArmSpec", "Check", "Context", "Gpu", "Report", "check_arm_image",
            "check_checkpoint", "check_model", "check_other_images", "check_prompt_data", "find_stack_image", "judge_docker",
-           "judge_gpu_runtime", "judge_gpus", "judge_ray", "judge_space", "load_arm", "min_driver_for_cuda",
+           "judge_gpu_runtime", "judge_gpus", "judge_other_images", "judge_ray", "judge_space", "load_arm", "min_driver_for_cuda",
            "observe_ray", "run_doctor"]
 
 
